@@ -1,0 +1,149 @@
+package messages
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// ContentType is the media type of every msgpack body on the daemon routes.
+const ContentType = "application/x-msgpack"
+
+// ProtocolVersion is the value of HelloRequest.Versions.Protocol.
+const ProtocolVersion = "1"
+
+// normalizer is implemented by bodies that must replace nil lists and maps
+// with empty ones before encoding, because the Rust side rejects nil there.
+type normalizer interface {
+	normalize()
+}
+
+// Marshal encodes v the way rmp_serde's to_vec_named does: a map with string
+// keys in declaration order, compact integers, float64 floats.
+func Marshal(v any) ([]byte, error) {
+	if n, ok := v.(normalizer); ok {
+		n.normalize()
+	}
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true)
+	enc.SetSortMapKeys(true)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("msgpack encode %T: %w", v, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// Unmarshal decodes a msgpack body into v. Unknown keys are skipped and a
+// missing key leaves the field at its zero value, as serde does for Option.
+func Unmarshal(data []byte, v any) error {
+	dec := msgpack.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("msgpack decode %T: %w", v, err)
+	}
+	return nil
+}
+
+// Bytes is a byte field (args_blob, result_blob, payload_inline). It is
+// encoded as msgpack bin; decoding also accepts str and an array of small
+// integers, which is what serde emits for a Vec<u8> without serde_bytes.
+// A nil Bytes encodes as nil; a non-nil empty one as an empty bin.
+type Bytes []byte
+
+var (
+	_ msgpack.CustomEncoder = Bytes(nil)
+	_ msgpack.CustomDecoder = (*Bytes)(nil)
+)
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (b Bytes) EncodeMsgpack(enc *msgpack.Encoder) error {
+	if b == nil {
+		return enc.EncodeNil()
+	}
+	return enc.EncodeBytes(b)
+}
+
+// DecodeMsgpack implements msgpack.CustomDecoder.
+func (b *Bytes) DecodeMsgpack(dec *msgpack.Decoder) error {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return err
+	}
+	switch {
+	case c == msgpcode.Nil:
+		*b = nil
+		return dec.Skip()
+	case msgpcode.IsBin(c) || msgpcode.IsString(c):
+		v, err := dec.DecodeBytes()
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			v = []byte{}
+		}
+		*b = v
+		return nil
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		n, err := dec.DecodeArrayLen()
+		if err != nil {
+			return err
+		}
+		out := make([]byte, 0, max(n, 0))
+		for i := 0; i < n; i++ {
+			v, err := dec.DecodeInt64()
+			if err != nil {
+				return fmt.Errorf("byte array element %d: %w", i, err)
+			}
+			if v < 0 || v > 255 {
+				return fmt.Errorf("byte array element %d: %d is not a byte", i, v)
+			}
+			out = append(out, byte(v))
+		}
+		*b = out
+		return nil
+	default:
+		return fmt.Errorf("msgpack: code %#x is not bytes", c)
+	}
+}
+
+// Epoch is a time on the wire in unix seconds. It is encoded as an integer
+// and decodes from an integer or a float (fractions are truncated).
+type Epoch int64
+
+var (
+	_ msgpack.CustomEncoder = Epoch(0)
+	_ msgpack.CustomDecoder = (*Epoch)(nil)
+)
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (e Epoch) EncodeMsgpack(enc *msgpack.Encoder) error {
+	return enc.EncodeInt(int64(e))
+}
+
+// DecodeMsgpack implements msgpack.CustomDecoder.
+func (e *Epoch) DecodeMsgpack(dec *msgpack.Decoder) error {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return err
+	}
+	if c == msgpcode.Float || c == msgpcode.Double {
+		f, err := dec.DecodeFloat64()
+		if err != nil {
+			return err
+		}
+		if math.IsNaN(f) || math.IsInf(f, 0) || f > math.MaxInt64 || f < math.MinInt64 {
+			return fmt.Errorf("epoch seconds %v out of range", f)
+		}
+		*e = Epoch(int64(f))
+		return nil
+	}
+	v, err := dec.DecodeInt64()
+	if err != nil {
+		return err
+	}
+	*e = Epoch(v)
+	return nil
+}

@@ -1,0 +1,58 @@
+package messages
+
+import "github.com/vmihailenco/msgpack/v5"
+
+// PollRequest is the body of POST /v1/daemon/poll.
+type PollRequest struct {
+	WorkerID            string             `msgpack:"worker_id"`
+	Queue               string             `msgpack:"queue"`
+	TimeoutS            float64            `msgpack:"timeout_s"`
+	Cursor              *string            `msgpack:"cursor"`
+	Invocations         []InvocationStatus `msgpack:"invocations"`
+	UpdatedCapabilities *Capabilities      `msgpack:"updated_capabilities,omitempty"`
+}
+
+func (p *PollRequest) normalize() {
+	if p.Invocations == nil {
+		p.Invocations = []InvocationStatus{}
+	}
+	if p.UpdatedCapabilities != nil {
+		p.UpdatedCapabilities.normalize()
+	}
+}
+
+// InvocationStatus reports one locally tracked run on each poll.
+type InvocationStatus struct {
+	InvocationID string `msgpack:"invocation_id"`
+	State        string `msgpack:"state"`
+	StartedAt    Epoch  `msgpack:"started_at"`
+	ExitCode     *int32 `msgpack:"exit_code"`
+	StdoutTail   string `msgpack:"stdout_tail"`
+}
+
+// PollResponse carries commands. Cursor is this project's extension: the
+// daemon echoes it on its next poll, which acknowledges the batch.
+type PollResponse struct {
+	Commands           []Command `msgpack:"commands"`
+	TargetNymphVersion *string   `msgpack:"target_nymph_version"`
+	Cursor             *string   `msgpack:"cursor"`
+}
+
+func (p *PollResponse) normalize() {
+	if p.Commands == nil {
+		p.Commands = []Command{}
+	}
+	for i := range p.Commands {
+		if len(p.Commands[i].Body) == 0 {
+			p.Commands[i].Body = msgpack.RawMessage{0xc0}
+		}
+	}
+}
+
+// Command is one queued instruction. Body stays raw until dispatched on Kind
+// by DecodeCommand.
+type Command struct {
+	ID   string             `msgpack:"id"`
+	Kind string             `msgpack:"kind"`
+	Body msgpack.RawMessage `msgpack:"body"`
+}

@@ -1,0 +1,103 @@
+package messages
+
+import "github.com/vmihailenco/msgpack/v5"
+
+// Exit-code sentinels of the exec result callback.
+const (
+	ExitFailed  int32 = -1 // spawn failure, wait error, cancellation at shutdown
+	ExitTimeout int32 = -2 // killed after timeout_s
+)
+
+// OutputCap is the most stdout (and, separately, stderr) an exec result carries.
+const OutputCap = 1 << 20
+
+// Truncation values of ExecResult.Error.
+const (
+	ErrStdoutTruncated = "stdout truncated"
+	ErrStderrTruncated = "stderr truncated"
+	ErrBothTruncated   = "stdout truncated; stderr truncated"
+)
+
+// ExecResult is the body of POST /v1/daemon/exec/{exec_id}/result.
+type ExecResult struct {
+	ExitCode     int32       `msgpack:"exit_code" json:"exit_code"`
+	Stdout       string      `msgpack:"stdout" json:"stdout"`
+	Stderr       string      `msgpack:"stderr" json:"stderr"`
+	DurationMs   uint64      `msgpack:"duration_ms" json:"duration_ms"`
+	Error        *string     `msgpack:"error" json:"error"`
+	ResultInline Bytes       `msgpack:"result_inline" json:"result_inline"`
+	ResultRef    *PayloadRef `msgpack:"result_ref" json:"result_ref"`
+}
+
+// Invocation terminal states of an ack.
+const (
+	StateSucceeded = "succeeded"
+	StateFailed    = "failed"
+	StateKilled    = "killed"
+	StateRunning   = "running"
+)
+
+// Ack is the body of POST /v1/daemon/ack, the terminal outcome of one run.
+type Ack struct {
+	InvocationID string    `msgpack:"invocation_id"`
+	State        string    `msgpack:"state"`
+	ResultBlob   Bytes     `msgpack:"result_blob"`
+	Error        *AckError `msgpack:"error"`
+	WorkerID     string    `msgpack:"worker_id,omitempty"`
+}
+
+func (a *Ack) normalize() {
+	if a.ResultBlob == nil {
+		a.ResultBlob = Bytes{}
+	}
+}
+
+// AckError is the structured failure of a run. On the wire the field is
+// "type", never a bare string.
+type AckError struct {
+	Type      string  `msgpack:"type" json:"type"`
+	Message   string  `msgpack:"message" json:"message"`
+	Traceback *string `msgpack:"traceback" json:"traceback,omitempty"`
+}
+
+// Error types the daemon itself produces.
+const (
+	ErrorTypeDaemon    = "DaemonError"
+	ErrorTypeCancelled = "Cancelled"
+	// CancelledShutdownMessage is the message of a run cancelled because the
+	// daemon's shutdown grace ran out.
+	CancelledShutdownMessage = "daemon shutdown grace expired"
+)
+
+// Event is the body of POST /v1/daemon/event: progress, log lines and other
+// events of a running invocation.
+type Event struct {
+	InvocationID string             `msgpack:"invocation_id"`
+	Kind         string             `msgpack:"kind"`
+	Data         msgpack.RawMessage `msgpack:"data"`
+	TS           Epoch              `msgpack:"ts"`
+}
+
+// ResultChunk is the body of POST /v1/daemon/result-chunk: one piece of a
+// streamed result.
+type ResultChunk struct {
+	InvocationID string `msgpack:"invocation_id"`
+	Seq          uint64 `msgpack:"seq"`
+	Data         Bytes  `msgpack:"data"`
+	Last         bool   `msgpack:"last"`
+}
+
+// KeysRequest is the body of POST /v1/daemon/keys, signed by the outgoing
+// key: the new public key (raw 32 bytes, base64url without padding) and the
+// id derived from it.
+type KeysRequest struct {
+	WorkerID  string `msgpack:"worker_id"`
+	PublicKey string `msgpack:"public_key"`
+	KeyID     string `msgpack:"key_id"`
+}
+
+// KeysResponse accepts (KeyID set) or refuses (Reject set) a rotation.
+type KeysResponse struct {
+	KeyID  *string `msgpack:"key_id"`
+	Reject *Reject `msgpack:"reject"`
+}

@@ -1,0 +1,209 @@
+package operatorapi
+
+import (
+	"encoding/json"
+	"time"
+
+	"nymph/messages"
+)
+
+// DefaultNamespace is used when none is given.
+const DefaultNamespace = "default"
+
+// Routes, as net/http method+path patterns. {ns} is the namespace, {id} a
+// worker id, {exec_id} an exec id, {inv_id} an invocation id.
+const (
+	RouteListWorkers  = "GET /v1/namespaces/{ns}/workers"
+	RouteGetWorker    = "GET /v1/namespaces/{ns}/workers/{id}"
+	RouteKillWorker   = "DELETE /v1/namespaces/{ns}/workers/{id}"
+	RouteCleanup      = "POST /v1/namespaces/{ns}/workers/cleanup"
+	RouteWorkerExec   = "POST /v1/namespaces/{ns}/workers/{id}/exec"
+	RouteQueueExec    = "POST /v1/namespaces/{ns}/exec"
+	RouteGetExec      = "GET /v1/namespaces/{ns}/execs/{exec_id}"
+	RouteSetup        = "POST /v1/namespaces/{ns}/workers/{id}/setup"
+	RouteHibernate    = "POST /v1/namespaces/{ns}/workers/{id}/hibernate"
+	RouteReset        = "POST /v1/namespaces/{ns}/workers/{id}/reset"
+	RouteCancel       = "POST /v1/namespaces/{ns}/workers/{id}/cancel"
+	RouteCreateToken  = "POST /v1/tokens"
+	RouteListCommands = "GET /v1/namespaces/{ns}/workers/{id}/commands"
+)
+
+// Error is the body of every non-2xx operator response.
+type Error struct {
+	Error string `json:"error"`
+	Field string `json:"field,omitempty"`
+}
+
+// Worker states. Stale is derived at read time, never stored.
+const (
+	StatePending   = "pending"
+	StateSettingUp = "setting_up"
+	StateJoining   = "joining"
+	StateActive    = "active"
+	StateGone      = "gone"
+	StateStale     = "stale"
+)
+
+// StaleAfter is how old lastSeenAt may be before a worker reads back stale.
+const StaleAfter = 60 * time.Second
+
+// Worker is one daemon as the operator sees it.
+type Worker struct {
+	ID           string                `json:"id"`
+	Namespace    string                `json:"namespace"`
+	MachineID    string                `json:"machineId"`
+	Label        string                `json:"label"`
+	State        string                `json:"state"`
+	StoredState  string                `json:"storedState"`
+	Tags         []string              `json:"tags"`
+	Queues       []string              `json:"queues"`
+	Runners      []string              `json:"runners"`
+	Capabilities messages.Capabilities `json:"capabilities"`
+	Versions     json.RawMessage       `json:"versions"`
+	PollQueue    string                `json:"pollQueue"`
+	CreatedAt    time.Time             `json:"createdAt"`
+	LastSeenAt   time.Time             `json:"lastSeenAt"`
+	Hibernating  *time.Time            `json:"hibernatingUntil,omitempty"`
+	SetupPending int                   `json:"setupPending"`
+	Running      []InvocationStatus    `json:"running"`
+	Keys         []KeyInfo             `json:"keys"`
+}
+
+// InvocationStatus mirrors what the daemon last reported on poll.
+type InvocationStatus struct {
+	InvocationID string    `json:"invocationId"`
+	State        string    `json:"state"`
+	StartedAt    time.Time `json:"startedAt"`
+	StdoutTail   string    `json:"stdoutTail,omitempty"`
+}
+
+// KeyInfo describes one enrolled key; never a secret.
+type KeyInfo struct {
+	KeyID     string     `json:"keyId"`
+	CreatedAt time.Time  `json:"createdAt"`
+	RevokedAt *time.Time `json:"revokedAt,omitempty"`
+}
+
+// WorkerList is the body of RouteListWorkers.
+type WorkerList struct {
+	Workers []Worker `json:"workers"`
+}
+
+// ExecRequest submits a shell command to one worker (RouteWorkerExec) or to
+// any eligible member of Queue (RouteQueueExec). Stdin is raw bytes (base64
+// in JSON). Stream asks the daemon to stream output as it is produced.
+type ExecRequest struct {
+	Command  string            `json:"command"`
+	Env      map[string]string `json:"env,omitempty"`
+	Workdir  string            `json:"workdir,omitempty"`
+	Stdin    []byte            `json:"stdin,omitempty"`
+	TimeoutS float64           `json:"timeoutS,omitempty"`
+	Stream   bool              `json:"stream"`
+	Queue    string            `json:"queue,omitempty"`
+}
+
+// ExecAccepted answers an ExecRequest.
+type ExecAccepted struct {
+	ExecID   string `json:"execId"`
+	WorkerID string `json:"workerId"`
+}
+
+// Exec states.
+const (
+	ExecQueued   = "queued"
+	ExecRunning  = "running"
+	ExecFinished = "finished"
+)
+
+// Exec is the body of RouteGetExec. Query parameters: wait=<seconds> (long
+// poll until something changes, at most 20) and offset=<n> (Output starts
+// at byte n of the streamed output). Output holds streamed bytes from
+// Offset; NextOffset is where the next call continues.
+type Exec struct {
+	ExecID     string               `json:"execId"`
+	WorkerID   string               `json:"workerId"`
+	Command    string               `json:"command"`
+	State      string               `json:"state"`
+	CreatedAt  time.Time            `json:"createdAt"`
+	Output     []byte               `json:"output,omitempty"`
+	Offset     int64                `json:"offset"`
+	NextOffset int64                `json:"nextOffset"`
+	Result     *messages.ExecResult `json:"result,omitempty"`
+}
+
+// SetupRequest queues a setup script on a worker.
+type SetupRequest struct {
+	Script              string `json:"script"`
+	Sudo                bool   `json:"sudo"`
+	RefreshCapabilities bool   `json:"refreshCapabilities"`
+	Name                string `json:"name,omitempty"`
+}
+
+// Queued answers any request that queued a command.
+type Queued struct {
+	CommandID string `json:"commandId"`
+	WorkerID  string `json:"workerId"`
+	Kind      string `json:"kind"`
+}
+
+// HibernateRequest: Until is unix seconds; a deadline in the past is a 400.
+type HibernateRequest struct {
+	UntilEpochS int64 `json:"untilEpochS"`
+}
+
+// CancelRequest stops a running exec or invocation on a worker.
+type CancelRequest struct {
+	ExecID       string `json:"execId,omitempty"`
+	InvocationID string `json:"invocationId,omitempty"`
+}
+
+// CleanupRequest deletes workers whose lastSeenAt is older than
+// OlderThanHours (0 < h <= 168).
+type CleanupRequest struct {
+	OlderThanHours float64 `json:"olderThanHours"`
+	DryRun         bool    `json:"dryRun"`
+}
+
+// MaxCleanupHours is the server cap on CleanupRequest.OlderThanHours.
+const MaxCleanupHours = 168
+
+// CleanupResponse lists what was (or, dry, would be) deleted.
+type CleanupResponse struct {
+	Count   int      `json:"count"`
+	DryRun  bool     `json:"dryRun"`
+	Deleted []Worker `json:"deleted"`
+}
+
+// KillResponse answers RouteKillWorker.
+type KillResponse struct {
+	Deleted    string `json:"deleted"`
+	Terminated bool   `json:"terminated"`
+}
+
+// Token kinds.
+const (
+	TokenDaemon = "daemon"
+	TokenEnroll = "enroll"
+)
+
+// TokenRequest mints a daemon bearer token or a one-shot enrollment token.
+type TokenRequest struct {
+	Kind  string `json:"kind"`
+	TTLS  int64  `json:"ttlS,omitempty"`
+	Label string `json:"label,omitempty"`
+}
+
+// TokenResponse carries the secret once; it is never shown again.
+type TokenResponse struct {
+	Token     string     `json:"token"`
+	Kind      string     `json:"kind"`
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+}
+
+// CommandInfo is one queued or delivered command, for inspection.
+type CommandInfo struct {
+	ID        string    `json:"id"`
+	Kind      string    `json:"kind"`
+	State     string    `json:"state"`
+	CreatedAt time.Time `json:"createdAt"`
+}
