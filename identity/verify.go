@@ -1,0 +1,260 @@
+package identity
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrUnauthenticated matches (errors.Is) every rejection below, so a server
+// can answer 401 for those and treat anything else Verify returns — a failing
+// key store — as its own fault.
+var ErrUnauthenticated = errors.New("identity: request not authenticated")
+
+// authError is the type of the rejection sentinels; each matches itself and
+// ErrUnauthenticated.
+type authError string
+
+func (e authError) Error() string { return string(e) }
+
+func (e authError) Is(target error) bool { return target == ErrUnauthenticated }
+
+// Reasons a signed request is refused. Verify wraps them with %w and a
+// detail naming the header; match with errors.Is.
+var (
+	ErrMissingHeader        error = authError("identity: signature header missing")
+	ErrDuplicateHeader      error = authError("identity: signature header repeated")
+	ErrMalformedHeader      error = authError("identity: signature header malformed")
+	ErrSkew                 error = authError("identity: timestamp outside the allowed clock skew")
+	ErrBadSignatureEncoding error = authError("identity: signature is not 64 bytes of unpadded base64url")
+	ErrUnknownKey           error = authError("identity: unknown key")
+	ErrRevokedKey           error = authError("identity: key revoked")
+	ErrBadSignature         error = authError("identity: signature does not verify")
+	ErrReplay               error = authError("identity: nonce replayed")
+	ErrKeyIDMismatch        error = authError("identity: key id does not match the public key")
+)
+
+// KeyLookup resolves a key id to its stored public key. It returns an error
+// matching ErrUnknownKey (or a nil key and nil error) when the id is not
+// enrolled; any other error is treated as a store failure and passed back
+// unchanged in meaning (it does not match ErrUnauthenticated).
+type KeyLookup interface {
+	LookupKey(ctx context.Context, keyID string) (pub ed25519.PublicKey, revoked bool, err error)
+}
+
+// DefaultMaxSkew is how far a request's timestamp may be from the
+// verifier's clock, either way.
+const DefaultMaxSkew = 300 * time.Second
+
+// DefaultNonceCapacity bounds the replay cache (about 200 bytes an entry).
+const DefaultNonceCapacity = 100_000
+
+// Option configures a Verifier.
+type Option func(*Verifier)
+
+// WithMaxSkew sets the accepted clock skew, rounded down to whole seconds.
+// Values under one second keep DefaultMaxSkew.
+func WithMaxSkew(d time.Duration) Option {
+	return func(v *Verifier) {
+		if s := int64(d / time.Second); s >= 1 {
+			v.skew = s
+		}
+	}
+}
+
+// WithNonceCapacity sets how many nonces the replay cache holds. Values
+// under one keep DefaultNonceCapacity.
+func WithNonceCapacity(n int) Option {
+	return func(v *Verifier) {
+		if n >= 1 {
+			v.capacity = n
+		}
+	}
+}
+
+// Verifier checks signed requests on the control plane.
+//
+// Concurrency: a Verifier is safe for concurrent use by any number of
+// goroutines, and must be shared — one per process, across every route that
+// accepts signatures — because replay protection lives in its in-memory
+// nonce cache. Key lookups and signature checks run unlocked; only the final
+// check-and-record of the nonce holds a mutex, so of two concurrent copies
+// of one request exactly one is accepted. Replicas do not share caches: a
+// request replayed to a different replica within the skew window is not
+// caught.
+//
+// The cache keeps each nonce until its timestamp falls out of the skew
+// window. When it is full, the entry with the oldest timestamp is evicted
+// and every request stamped at or before that timestamp is refused as a
+// possible replay: under load the accepted window narrows from the past
+// instead of letting a replay through.
+type Verifier struct {
+	lookup   KeyLookup
+	skew     int64
+	capacity int
+	nonces   *nonceCache
+}
+
+// NewVerifier returns a Verifier that resolves key ids through lookup.
+func NewVerifier(lookup KeyLookup, opts ...Option) *Verifier {
+	v := &Verifier{lookup: lookup, skew: int64(DefaultMaxSkew / time.Second), capacity: DefaultNonceCapacity}
+	for _, o := range opts {
+		o(v)
+	}
+	v.nonces = newNonceCache(v.capacity, v.skew)
+	return v
+}
+
+// Verify checks req's signature headers against body (the exact bytes
+// received) at time now and returns the signing key's id. In order: the four
+// headers each present exactly once and well-formed, the timestamp within
+// the skew, the signature 64 bytes, the key enrolled and not revoked, the
+// signature valid over Canonical, and the nonce unseen. The nonce is
+// recorded only once the signature has verified.
+func (v *Verifier) Verify(ctx context.Context, req *http.Request, body []byte, now time.Time) (string, error) {
+	h, err := v.parse(req, now)
+	if err != nil {
+		return "", err
+	}
+	if v.lookup == nil {
+		return "", fmt.Errorf("identity: key %q: verifier has no key lookup: %w", h.keyID, ErrUnknownKey)
+	}
+	pub, revoked, err := v.lookup.LookupKey(ctx, h.keyID)
+	switch {
+	case errors.Is(err, ErrUnknownKey), err == nil && pub == nil:
+		return "", fmt.Errorf("identity: key %q: %w", h.keyID, ErrUnknownKey)
+	case err != nil:
+		return "", fmt.Errorf("identity: look up key %q: %w", h.keyID, err)
+	case len(pub) != ed25519.PublicKeySize:
+		return "", fmt.Errorf("identity: stored public key for %q is %d bytes, want %d", h.keyID, len(pub), ed25519.PublicKeySize)
+	case revoked:
+		return "", fmt.Errorf("identity: key %q: %w", h.keyID, ErrRevokedKey)
+	}
+	if err := v.check(req, body, h, pub, now); err != nil {
+		return "", err
+	}
+	return h.keyID, nil
+}
+
+// VerifyWithKey is Verify for a request signed by a key that is not stored
+// yet — the enrollment hello, which carries its own public_key. The key id
+// header must equal KeyID(pub) (else ErrKeyIDMismatch); skew, signature and
+// nonce are checked as in Verify, against the same nonce cache.
+func (v *Verifier) VerifyWithKey(pub ed25519.PublicKey, req *http.Request, body []byte, now time.Time) (string, error) {
+	h, err := v.parse(req, now)
+	if err != nil {
+		return "", err
+	}
+	if len(pub) != ed25519.PublicKeySize {
+		return "", fmt.Errorf("identity: public_key is %d bytes, want %d: %w", len(pub), ed25519.PublicKeySize, ErrKeyIDMismatch)
+	}
+	if want := KeyID(pub); h.keyID != want {
+		return "", fmt.Errorf("identity: %s %q, public_key has id %q: %w", HeaderKeyID, h.keyID, want, ErrKeyIDMismatch)
+	}
+	if err := v.check(req, body, h, pub, now); err != nil {
+		return "", err
+	}
+	return h.keyID, nil
+}
+
+type sigHeaders struct {
+	keyID string
+	ts    int64
+	nonce string
+	sig   []byte
+}
+
+// parse does every check that needs neither the key nor the body, so that
+// garbage is refused before it reaches the key store.
+func (v *Verifier) parse(req *http.Request, now time.Time) (sigHeaders, error) {
+	var h sigHeaders
+	if req == nil || req.URL == nil {
+		return h, fmt.Errorf("identity: no request: %w", ErrMissingHeader)
+	}
+	vals := [4]string{}
+	for i, name := range [4]string{HeaderKeyID, HeaderTimestamp, HeaderNonce, HeaderSignature} {
+		s, err := single(req.Header, name)
+		if err != nil {
+			return h, err
+		}
+		vals[i] = s
+	}
+	keyID, tsText, nonce, sigText := vals[0], vals[1], vals[2], vals[3]
+
+	if err := checkKeyID(keyID); err != nil {
+		return h, fmt.Errorf("identity: %s: %w: %w", HeaderKeyID, err, ErrMalformedHeader)
+	}
+	ts, err := strconv.ParseInt(tsText, 10, 64)
+	if err != nil || strconv.FormatInt(ts, 10) != tsText {
+		return h, fmt.Errorf("identity: %s %q is not decimal unix seconds: %w", HeaderTimestamp, tsText, ErrMalformedHeader)
+	}
+	if _, err := decodeB64(nonce, nonceBytes, maxNonceBytes); err != nil {
+		return h, fmt.Errorf("identity: %s: %w: %w", HeaderNonce, err, ErrMalformedHeader)
+	}
+	// Compared as bounds rather than |now-ts| so no timestamp can overflow.
+	nowS := now.Unix()
+	if ts < nowS-v.skew || ts > nowS+v.skew {
+		return h, fmt.Errorf("identity: %s %d is outside %d s of server time %d: %w", HeaderTimestamp, ts, v.skew, nowS, ErrSkew)
+	}
+	sig, err := decodeB64(sigText, ed25519.SignatureSize, ed25519.SignatureSize)
+	if err != nil {
+		return h, fmt.Errorf("identity: %s: %w: %w", HeaderSignature, err, ErrBadSignatureEncoding)
+	}
+	return sigHeaders{keyID: keyID, ts: ts, nonce: nonce, sig: sig}, nil
+}
+
+// check verifies the signature, then records the nonce.
+func (v *Verifier) check(req *http.Request, body []byte, h sigHeaders, pub ed25519.PublicKey, now time.Time) error {
+	msg := Canonical(h.keyID, req.Method, requestPath(req.URL), req.URL.RawQuery, h.ts, h.nonce, body)
+	if !ed25519.Verify(pub, msg, h.sig) {
+		return fmt.Errorf("identity: key %q: %w", h.keyID, ErrBadSignature)
+	}
+	if err := v.nonces.remember(h.keyID, h.nonce, h.ts, now.Unix()); err != nil {
+		return fmt.Errorf("identity: key %q: %w", h.keyID, err)
+	}
+	return nil
+}
+
+// single returns the one value of header name. Names are matched
+// case-insensitively over the whole map, so a header stored under a
+// non-canonical key cannot smuggle in a second value.
+func single(hdr http.Header, name string) (string, error) {
+	var found []string
+	for k, vs := range hdr {
+		if strings.EqualFold(k, name) {
+			found = append(found, vs...)
+		}
+	}
+	switch {
+	case len(found) == 0:
+		return "", fmt.Errorf("identity: %s: %w", name, ErrMissingHeader)
+	case len(found) > 1:
+		return "", fmt.Errorf("identity: %s sent %d times: %w", name, len(found), ErrDuplicateHeader)
+	case found[0] == "":
+		return "", fmt.Errorf("identity: %s is empty: %w", name, ErrMissingHeader)
+	}
+	return found[0], nil
+}
+
+// maxKeyIDLen is generous for ids minted by KeyID (24 characters) while
+// bounding what reaches the key store and the nonce cache.
+const maxKeyIDLen = 128
+
+// checkKeyID accepts visible ASCII except ',' — a comma is what a proxy
+// leaves when it folds two header lines into one.
+func checkKeyID(id string) error {
+	if len(id) > maxKeyIDLen {
+		return fmt.Errorf("%d characters, at most %d allowed", len(id), maxKeyIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x21 || c > 0x7e || c == ',' {
+			return fmt.Errorf("character %q at offset %d is not allowed", c, i)
+		}
+	}
+	return nil
+}
