@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"reflect"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -17,16 +18,44 @@ const ProtocolVersion = "1"
 
 // normalizer is implemented by bodies that must replace nil lists and maps
 // with empty ones before encoding, because the Rust side rejects nil there.
+// normalize runs on a shallow copy of the caller's body, so it may assign
+// fields but must copy anything it changes behind a pointer or a slice.
 type normalizer interface {
 	normalize()
 }
 
-// Marshal encodes v the way rmp_serde's to_vec_named does: a map with string
-// keys in declaration order, compact integers, float64 floats.
-func Marshal(v any) ([]byte, error) {
-	if n, ok := v.(normalizer); ok {
-		n.normalize()
+var normalizerType = reflect.TypeFor[normalizer]()
+
+// normalized returns a normalised copy of v, whether v is a body or a
+// pointer to one. The caller's value is never changed: a body may be encoded
+// from several goroutines, and a nil the caller set stays nil.
+func normalized(v any) any {
+	rv := reflect.ValueOf(v)
+	if !rv.IsValid() {
+		return v
 	}
+	if rv.Kind() == reflect.Pointer {
+		if rv.IsNil() {
+			return v
+		}
+		rv = rv.Elem()
+	}
+	if !reflect.PointerTo(rv.Type()).Implements(normalizerType) {
+		return v
+	}
+	cp := reflect.New(rv.Type())
+	cp.Elem().Set(rv)
+	n := cp.Interface().(normalizer)
+	n.normalize()
+	return n
+}
+
+// Marshal encodes v the way rmp_serde's to_vec_named does: a map with string
+// keys in declaration order, compact integers, float64 floats. v may be a
+// body or a pointer to one; either way nil lists and maps the Rust side
+// rejects go out empty.
+func Marshal(v any) ([]byte, error) {
+	v = normalized(v)
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	enc.UseCompactInts(true)

@@ -17,7 +17,9 @@ func (p *PollRequest) normalize() {
 		p.Invocations = []InvocationStatus{}
 	}
 	if p.UpdatedCapabilities != nil {
-		p.UpdatedCapabilities.normalize()
+		c := *p.UpdatedCapabilities
+		c.normalize()
+		p.UpdatedCapabilities = &c
 	}
 }
 
@@ -42,10 +44,17 @@ func (p *PollResponse) normalize() {
 	if p.Commands == nil {
 		p.Commands = []Command{}
 	}
+	var cmds []Command
 	for i := range p.Commands {
 		if len(p.Commands[i].Body) == 0 {
-			p.Commands[i].Body = msgpack.RawMessage{0xc0}
+			if cmds == nil {
+				cmds = append([]Command(nil), p.Commands...)
+			}
+			cmds[i].normalize()
 		}
+	}
+	if cmds != nil {
+		p.Commands = cmds
 	}
 }
 
@@ -55,4 +64,12 @@ type Command struct {
 	ID   string             `msgpack:"id"`
 	Kind string             `msgpack:"kind"`
 	Body msgpack.RawMessage `msgpack:"body"`
+}
+
+// normalize sends a missing body as nil: an empty raw message would write
+// nothing at all and shift every key after it.
+func (c *Command) normalize() {
+	if len(c.Body) == 0 {
+		c.Body = msgpack.RawMessage{0xc0}
+	}
 }

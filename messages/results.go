@@ -78,6 +78,14 @@ type Event struct {
 	TS           Epoch              `msgpack:"ts"`
 }
 
+// normalize sends missing data as nil: an empty raw message would write
+// nothing at all and shift every key after it.
+func (e *Event) normalize() {
+	if len(e.Data) == 0 {
+		e.Data = msgpack.RawMessage{0xc0}
+	}
+}
+
 // ResultChunk is the body of POST /v1/daemon/result-chunk: one piece of a
 // streamed result.
 type ResultChunk struct {
@@ -85,6 +93,13 @@ type ResultChunk struct {
 	Seq          uint64 `msgpack:"seq"`
 	Data         Bytes  `msgpack:"data"`
 	Last         bool   `msgpack:"last"`
+}
+
+// normalize sends missing data as an empty bin, as a Vec<u8> always is.
+func (r *ResultChunk) normalize() {
+	if r.Data == nil {
+		r.Data = Bytes{}
+	}
 }
 
 // KeysRequest is the body of POST /v1/daemon/keys, signed by the outgoing
