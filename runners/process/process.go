@@ -1,0 +1,143 @@
+// Package process owns the "process" runner: an invocation is a child
+// process on the host, in its own process group, speaking the function
+// protocol (see package runners).
+//
+// What runs:
+//   - Spec.Script non-empty: the script is written to <ScratchDir>/script
+//     and run as `bash <ScratchDir>/script` (not a login shell).
+//   - otherwise Spec.Function: Function.Module is the executable (a path, or
+//     a name looked up in PATH) and Function.Qualname, when non-empty, is
+//     its single argument (argv[1]).
+//
+// Spec.AsUser wraps the command in `runuser -u USER --`; when the daemon is
+// root the scratch directory is handed to that user first (its parents must
+// be searchable by that user). The child's
+// environment is the daemon's, with Spec.Env on top and the protocol
+// variables last. A timeout or a cancelled context sends SIGTERM to the
+// group and SIGKILL after the kill grace; the group is killed when the
+// leader exits in any case, so nothing the run started outlives it.
+package process
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"nymph/runners"
+	"nymph/runners/procgroup"
+	"nymph/runners/protocol"
+)
+
+// Kind is the run_config.runner name of this runner.
+const Kind = "process"
+
+// Runner runs invocations as host child processes.
+type Runner struct {
+	log       zerolog.Logger
+	killGrace time.Duration
+	bash      string
+	runuser   string
+}
+
+var _ runners.Runner = (*Runner)(nil)
+
+// Option configures a Runner.
+type Option func(*Runner)
+
+// WithKillGrace sets the time between SIGTERM and SIGKILL when a run is
+// stopped (default 5 s).
+func WithKillGrace(d time.Duration) Option {
+	return func(r *Runner) {
+		if d > 0 {
+			r.killGrace = d
+		}
+	}
+}
+
+// WithBash sets the interpreter of scripts (default "bash").
+func WithBash(path string) Option {
+	return func(r *Runner) {
+		if path != "" {
+			r.bash = path
+		}
+	}
+}
+
+// WithRunuser sets the runuser binary used for Spec.AsUser (default
+// "runuser").
+func WithRunuser(path string) Option {
+	return func(r *Runner) {
+		if path != "" {
+			r.runuser = path
+		}
+	}
+}
+
+// New returns a process runner.
+func New(log zerolog.Logger, opts ...Option) *Runner {
+	r := &Runner{
+		log:       log.With().Str("runner", Kind).Logger(),
+		killGrace: procgroup.DefaultKillGrace,
+		bash:      "bash",
+		runuser:   "runuser",
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
+}
+
+// Kind implements runners.Runner.
+func (r *Runner) Kind() string { return Kind }
+
+// Run implements runners.Runner.
+func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, error) {
+	if spec.Script == "" && spec.Function.Module == "" {
+		return protocol.Invalid("function.module is required for the process runner when no script is given"), nil
+	}
+	if err := protocol.CheckEnv(spec.Env); err != nil {
+		return protocol.Invalid(err.Error()), nil
+	}
+	files, err := protocol.Prepare(spec)
+	if err != nil {
+		return runners.Outcome{}, fmt.Errorf("process runner: %w", err)
+	}
+	var argv []string
+	if spec.Script != "" {
+		if err := protocol.WriteScript(files, spec.Script); err != nil {
+			return runners.Outcome{}, fmt.Errorf("process runner: %w", err)
+		}
+		argv = []string{r.bash, files.Script}
+	} else {
+		argv = []string{spec.Function.Module}
+		if spec.Function.Qualname != "" {
+			argv = append(argv, spec.Function.Qualname)
+		}
+	}
+	if spec.AsUser != "" {
+		if err := protocol.GiveTo(files, spec.AsUser); err != nil {
+			return protocol.Invalid(err.Error()), nil
+		}
+		argv = append([]string{r.runuser, "-u", spec.AsUser, "--"}, argv...)
+	}
+
+	log := r.log.With().Str("invocation_id", spec.InvocationID).Logger()
+	log.Debug().Strs("argv", argv).Msg("starting")
+	res, err := procgroup.Run(ctx, procgroup.Command{
+		Argv:      argv,
+		Env:       protocol.HostEnv(spec, files, nil),
+		Dir:       protocol.Workdir(spec),
+		Stdin:     files.Args,
+		Output:    spec.Output,
+		Timeout:   spec.Timeout,
+		KillGrace: r.killGrace,
+	})
+	if err != nil {
+		return runners.Outcome{}, fmt.Errorf("process runner: %w", err)
+	}
+	out := protocol.Collect(files, res, spec.Timeout)
+	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
+	return out, nil
+}
