@@ -53,7 +53,7 @@ func (k *Key) PublicKeyB64() string { return b64.EncodeToString(k.pub) }
 func (k *Key) ID() string { return k.id }
 
 // Sign returns the Ed25519 signature of msg. Request signing goes through
-// SignRequest; this is for other proofs of possession.
+// SignRequest; this is for other proofs that the key is held.
 func (k *Key) Sign(msg []byte) []byte { return ed25519.Sign(k.priv, msg) }
 
 // String names the key by id so that logging a Key cannot leak its seed.

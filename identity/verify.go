@@ -41,8 +41,8 @@ var (
 
 // KeyLookup resolves a key id to its stored public key. It returns an error
 // matching ErrUnknownKey (or a nil key and nil error) when the id is not
-// enrolled; any other error is treated as a store failure and passed back
-// unchanged in meaning (it does not match ErrUnauthenticated).
+// enrolled. Any other error is a store failure: Verify returns it wrapped,
+// and it does not match ErrUnauthenticated, so the caller can answer 5xx.
 type KeyLookup interface {
 	LookupKey(ctx context.Context, keyID string) (pub ed25519.PublicKey, revoked bool, err error)
 }
