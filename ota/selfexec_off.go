@@ -1,0 +1,5 @@
+//go:build nymph_no_self_exec
+
+package ota
+
+const selfExecBuild = "false"
