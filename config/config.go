@@ -1,0 +1,452 @@
+// Package config owns nymph's TOML configuration file: its sections and
+// defaults, validation that reports every problem at once (each naming the
+// file, the key and what is wrong), `~` expansion, and the queue override
+// from --queue or DREAMLAKE_QUEUE.
+//
+// The file is decoded into a generic tree first and then read key by key, so
+// a wrong type on one key does not hide the problems of the others. Unknown
+// keys are not fatal (a newer installer may write keys an older daemon does
+// not know); they come back as Warnings for the caller to log.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// EnvQueue overrides [daemon] queue; --queue overrides both.
+const EnvQueue = "DREAMLAKE_QUEUE"
+
+// RunnerKinds are the runner kinds nymph knows.
+var RunnerKinds = []string{"process", "python", "docker", "gvisor", "slurm", "echo"}
+
+// Config is nymph's whole configuration.
+type Config struct {
+	// Path is the file the configuration was read from.
+	Path     string
+	Server   Server
+	Daemon   Daemon
+	Poll     Poll
+	Runtime  Runtime
+	Identity Identity
+	Log      Log
+	// Warnings are non-fatal findings, such as unknown keys.
+	Warnings []string
+}
+
+// Server is the [server] section: where the control plane is and how to
+// authenticate to it.
+type Server struct {
+	URL       string
+	TokenFile string
+	CAFile    string
+}
+
+// Daemon is the [daemon] section: how this host presents itself.
+type Daemon struct {
+	// MachineID "auto" means the hostname.
+	MachineID string
+	Label     string
+	Tags      []string
+	Lanes     []string
+	Queue     string
+}
+
+// Poll is the [poll] section, in seconds.
+type Poll struct {
+	WaitMaxS  float64
+	RetryMinS float64
+	RetryMaxS float64
+}
+
+// Runtime is the [runtime] section.
+type Runtime struct {
+	// MaxInvocations bounds concurrent execs and runs; 0 is unbounded.
+	MaxInvocations int
+	DefaultRunner  string
+	Runners        []string
+	Workdir        string
+	// KeepAliveS is the idle policy: -1 never exits on idle, 0 exits after
+	// the first job, N exits after N idle seconds.
+	KeepAliveS               int
+	ShutdownGraceS           float64
+	AutoUpdate               bool
+	AutoUpdateCheckIntervalS int
+}
+
+// Identity is the [identity] section (request signing).
+type Identity struct {
+	Enabled         bool
+	KeyFile         string
+	EnrollTokenFile string
+}
+
+// Log is the [log] section.
+type Log struct {
+	// Level is trace, debug, info, warn or error.
+	Level string
+	// Format is auto (console on a terminal, JSON otherwise), json or console.
+	Format string
+}
+
+// Default returns the configuration of an empty file.
+func Default() Config {
+	return Config{
+		Daemon: Daemon{MachineID: "auto", Tags: []string{}, Lanes: []string{}},
+		Poll:   Poll{WaitMaxS: 20, RetryMinS: 1, RetryMaxS: 60},
+		Runtime: Runtime{
+			MaxInvocations:           0,
+			DefaultRunner:            "process",
+			Runners:                  []string{"process"},
+			Workdir:                  "~/.nymph/work",
+			KeepAliveS:               -1,
+			ShutdownGraceS:           30,
+			AutoUpdateCheckIntervalS: 3600,
+		},
+		Identity: Identity{KeyFile: "~/.nymph/identity.key"},
+		Log:      Log{Level: "info", Format: "auto"},
+	}
+}
+
+// Load reads and validates the file at path. `~` expands to the current
+// user's home directory; relative file paths are taken relative to the
+// directory of the file.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	home, _ := os.UserHomeDir()
+	return Parse(path, data, home)
+}
+
+// Parse decodes and validates data as if read from path, expanding `~` to
+// home. Every problem found is reported, joined with errors.Join.
+func Parse(path string, data []byte, home string) (*Config, error) {
+	var tree map[string]any
+	if _, err := toml.Decode(string(data), &tree); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	r := reader{path: path}
+	c := Default()
+	c.Path = path
+	r.read(tree, &c)
+	r.validate(&c)
+	if len(r.errs) > 0 {
+		return nil, errors.Join(r.errs...)
+	}
+	base := filepath.Dir(path)
+	c.Server.TokenFile = resolvePath(c.Server.TokenFile, home, base)
+	c.Server.CAFile = resolvePath(c.Server.CAFile, home, base)
+	c.Runtime.Workdir = resolvePath(c.Runtime.Workdir, home, base)
+	c.Identity.KeyFile = resolvePath(c.Identity.KeyFile, home, base)
+	c.Identity.EnrollTokenFile = resolvePath(c.Identity.EnrollTokenFile, home, base)
+	r.checkFiles(&c)
+	if len(r.errs) > 0 {
+		return nil, errors.Join(r.errs...)
+	}
+	c.Warnings = r.warnings
+	return &c, nil
+}
+
+// ResolveQueue applies the queue override: a non-empty flag wins, then a
+// non-empty environment value, then the file's [daemon] queue.
+func (c *Config) ResolveQueue(flag, env string) {
+	switch {
+	case flag != "":
+		c.Daemon.Queue = flag
+	case env != "":
+		c.Daemon.Queue = env
+	}
+}
+
+// ExpandHome replaces a leading "~" or "~/" with home.
+func ExpandHome(p, home string) string {
+	if p == "~" {
+		return home
+	}
+	if strings.HasPrefix(p, "~/") {
+		return filepath.Join(home, p[2:])
+	}
+	return p
+}
+
+func resolvePath(p, home, base string) string {
+	if p == "" {
+		return ""
+	}
+	p = ExpandHome(p, home)
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(base, p)
+	}
+	return filepath.Clean(p)
+}
+
+// reader walks the decoded tree, assigning known keys and collecting every
+// problem it meets.
+type reader struct {
+	path     string
+	errs     []error
+	warnings []string
+}
+
+func (r *reader) fail(key, format string, args ...any) {
+	r.errs = append(r.errs, fmt.Errorf("config %s: %s: %s", r.path, key, fmt.Sprintf(format, args...)))
+}
+
+type field struct {
+	key    string
+	assign func(r *reader, full string, v any)
+}
+
+func (r *reader) read(tree map[string]any, c *Config) {
+	sections := map[string][]field{
+		"server": {
+			str("url", &c.Server.URL),
+			str("token_file", &c.Server.TokenFile),
+			str("ca_file", &c.Server.CAFile),
+		},
+		"daemon": {
+			str("machine_id", &c.Daemon.MachineID),
+			str("label", &c.Daemon.Label),
+			strList("tags", &c.Daemon.Tags),
+			strList("lanes", &c.Daemon.Lanes),
+			str("queue", &c.Daemon.Queue),
+		},
+		"poll": {
+			num("wait_max_s", &c.Poll.WaitMaxS),
+			num("retry_min_s", &c.Poll.RetryMinS),
+			num("retry_max_s", &c.Poll.RetryMaxS),
+		},
+		"runtime": {
+			integer("max_invocations", &c.Runtime.MaxInvocations),
+			str("default_runner", &c.Runtime.DefaultRunner),
+			strList("runners", &c.Runtime.Runners),
+			str("workdir", &c.Runtime.Workdir),
+			integer("keep_alive_s", &c.Runtime.KeepAliveS),
+			num("shutdown_grace_s", &c.Runtime.ShutdownGraceS),
+			boolean("auto_update", &c.Runtime.AutoUpdate),
+			integer("auto_update_check_interval_s", &c.Runtime.AutoUpdateCheckIntervalS),
+		},
+		"identity": {
+			boolean("enabled", &c.Identity.Enabled),
+			str("key_file", &c.Identity.KeyFile),
+			str("enroll_token_file", &c.Identity.EnrollTokenFile),
+		},
+		"log": {
+			str("level", &c.Log.Level),
+			str("format", &c.Log.Format),
+		},
+	}
+	for _, name := range sortedKeys(tree) {
+		fields, known := sections[name]
+		if !known {
+			r.warnings = append(r.warnings, fmt.Sprintf("config %s: [%s]: unknown section, ignored", r.path, name))
+			continue
+		}
+		table, ok := tree[name].(map[string]any)
+		if !ok {
+			r.fail("["+name+"]", "must be a table, got %s", typeName(tree[name]))
+			continue
+		}
+		for _, key := range sortedKeys(table) {
+			full := "[" + name + "] " + key
+			i := slices.IndexFunc(fields, func(f field) bool { return f.key == key })
+			if i < 0 {
+				r.warnings = append(r.warnings, fmt.Sprintf("config %s: %s: unknown key, ignored", r.path, full))
+				continue
+			}
+			fields[i].assign(r, full, table[key])
+		}
+	}
+}
+
+func (r *reader) validate(c *Config) {
+	if c.Server.URL == "" {
+		r.fail("[server] url", "is required")
+	} else if u, err := url.Parse(c.Server.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		r.fail("[server] url", "must be an http:// or https:// URL with a host, got %q", c.Server.URL)
+	}
+	if strings.TrimSpace(c.Daemon.MachineID) == "" {
+		r.fail("[daemon] machine_id", "must not be empty (use \"auto\" for the hostname)")
+	}
+	for i, tag := range c.Daemon.Tags {
+		if strings.TrimSpace(tag) == "" {
+			r.fail("[daemon] tags", "entry %d is empty", i)
+		}
+	}
+	for i, lane := range c.Daemon.Lanes {
+		if strings.TrimSpace(lane) == "" {
+			r.fail("[daemon] lanes", "entry %d is empty", i)
+		}
+	}
+	if c.Poll.WaitMaxS <= 0 {
+		r.fail("[poll] wait_max_s", "must be > 0, got %v", c.Poll.WaitMaxS)
+	}
+	if c.Poll.RetryMinS <= 0 {
+		r.fail("[poll] retry_min_s", "must be > 0, got %v", c.Poll.RetryMinS)
+	}
+	if c.Poll.RetryMaxS < c.Poll.RetryMinS {
+		r.fail("[poll] retry_max_s", "must be >= retry_min_s (%v), got %v", c.Poll.RetryMinS, c.Poll.RetryMaxS)
+	}
+	if c.Runtime.MaxInvocations < 0 {
+		r.fail("[runtime] max_invocations", "must be >= 0 (0 is unbounded), got %d", c.Runtime.MaxInvocations)
+	}
+	if len(c.Runtime.Runners) == 0 {
+		r.fail("[runtime] runners", "must list at least one runner kind")
+	}
+	for _, k := range c.Runtime.Runners {
+		if !slices.Contains(RunnerKinds, k) {
+			r.fail("[runtime] runners", "unknown runner kind %q (known: %s)", k, strings.Join(RunnerKinds, ", "))
+		}
+	}
+	if !slices.Contains(RunnerKinds, c.Runtime.DefaultRunner) {
+		r.fail("[runtime] default_runner", "unknown runner kind %q (known: %s)", c.Runtime.DefaultRunner, strings.Join(RunnerKinds, ", "))
+	} else if !slices.Contains(c.Runtime.Runners, c.Runtime.DefaultRunner) {
+		r.fail("[runtime] default_runner", "%q is not in [runtime] runners", c.Runtime.DefaultRunner)
+	}
+	if strings.TrimSpace(c.Runtime.Workdir) == "" {
+		r.fail("[runtime] workdir", "must not be empty")
+	}
+	if c.Runtime.KeepAliveS < -1 {
+		r.fail("[runtime] keep_alive_s", "must be -1 (never exit on idle), 0 (exit after the first job) or a number of seconds, got %d", c.Runtime.KeepAliveS)
+	}
+	if c.Runtime.ShutdownGraceS < 0 {
+		r.fail("[runtime] shutdown_grace_s", "must be >= 0, got %v", c.Runtime.ShutdownGraceS)
+	}
+	if c.Runtime.AutoUpdateCheckIntervalS <= 0 {
+		r.fail("[runtime] auto_update_check_interval_s", "must be > 0, got %d", c.Runtime.AutoUpdateCheckIntervalS)
+	}
+	if c.Identity.Enabled && strings.TrimSpace(c.Identity.KeyFile) == "" {
+		r.fail("[identity] key_file", "is required when [identity] enabled = true")
+	}
+	if !slices.Contains([]string{"trace", "debug", "info", "warn", "error"}, c.Log.Level) {
+		r.fail("[log] level", "must be one of trace, debug, info, warn, error, got %q", c.Log.Level)
+	}
+	if !slices.Contains([]string{"auto", "json", "console"}, c.Log.Format) {
+		r.fail("[log] format", "must be one of auto, json, console, got %q", c.Log.Format)
+	}
+}
+
+// checkFiles reports files that must already exist but cannot be read.
+func (r *reader) checkFiles(c *Config) {
+	for _, f := range []struct{ key, path string }{
+		{"[server] token_file", c.Server.TokenFile},
+		{"[server] ca_file", c.Server.CAFile},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if fh, err := os.Open(f.path); err != nil {
+			r.fail(f.key, "cannot read %s: %v", f.path, errors.Unwrap(err))
+		} else {
+			_ = fh.Close()
+		}
+	}
+}
+
+func str(key string, dst *string) field {
+	return field{key, func(r *reader, full string, v any) {
+		s, ok := v.(string)
+		if !ok {
+			r.fail(full, "must be a string, got %s", typeName(v))
+			return
+		}
+		*dst = s
+	}}
+}
+
+func strList(key string, dst *[]string) field {
+	return field{key, func(r *reader, full string, v any) {
+		list, ok := v.([]any)
+		if !ok {
+			r.fail(full, "must be a list of strings, got %s", typeName(v))
+			return
+		}
+		out := make([]string, 0, len(list))
+		for i, e := range list {
+			s, ok := e.(string)
+			if !ok {
+				r.fail(full, "entry %d must be a string, got %s", i, typeName(e))
+				return
+			}
+			out = append(out, s)
+		}
+		*dst = out
+	}}
+}
+
+func num(key string, dst *float64) field {
+	return field{key, func(r *reader, full string, v any) {
+		switch n := v.(type) {
+		case int64:
+			*dst = float64(n)
+		case float64:
+			*dst = n
+		default:
+			r.fail(full, "must be a number, got %s", typeName(v))
+		}
+	}}
+}
+
+func integer(key string, dst *int) field {
+	return field{key, func(r *reader, full string, v any) {
+		n, ok := v.(int64)
+		if !ok {
+			r.fail(full, "must be an integer, got %s", typeName(v))
+			return
+		}
+		if n > 1<<31-1 || n < -(1<<31) {
+			r.fail(full, "%d is out of range", n)
+			return
+		}
+		*dst = int(n)
+	}}
+}
+
+func boolean(key string, dst *bool) field {
+	return field{key, func(r *reader, full string, v any) {
+		b, ok := v.(bool)
+		if !ok {
+			r.fail(full, "must be true or false, got %s", typeName(v))
+			return
+		}
+		*dst = b
+	}}
+}
+
+func typeName(v any) string {
+	switch v := v.(type) {
+	case string:
+		return fmt.Sprintf("string %q", v)
+	case int64:
+		return fmt.Sprintf("integer %d", v)
+	case float64:
+		return fmt.Sprintf("float %v", v)
+	case bool:
+		return fmt.Sprintf("boolean %v", v)
+	case []any:
+		return "a list"
+	case map[string]any:
+		return "a table"
+	default:
+		return fmt.Sprintf("%T", v)
+	}
+}
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

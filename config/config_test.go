@@ -1,0 +1,233 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"nymph/config"
+)
+
+func TestDefaultsFromMinimalFile(t *testing.T) {
+	c, err := config.Parse("/etc/nymph/nymph.toml", []byte("[server]\nurl = \"https://cp.example:8443\"\n"), "/home/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.Default()
+	want.Path = "/etc/nymph/nymph.toml"
+	want.Server.URL = "https://cp.example:8443"
+	want.Runtime.Workdir = "/home/u/.nymph/work"
+	want.Identity.KeyFile = "/home/u/.nymph/identity.key"
+	if !reflect.DeepEqual(*c, want) {
+		t.Fatalf("got  %+v\nwant %+v", *c, want)
+	}
+	if c.Poll.WaitMaxS != 20 || c.Poll.RetryMinS != 1 || c.Poll.RetryMaxS != 60 {
+		t.Fatalf("poll defaults: %+v", c.Poll)
+	}
+	if c.Runtime.KeepAliveS != -1 || c.Runtime.ShutdownGraceS != 30 || c.Runtime.DefaultRunner != "process" ||
+		c.Runtime.AutoUpdate || c.Runtime.AutoUpdateCheckIntervalS != 3600 || c.Runtime.MaxInvocations != 0 {
+		t.Fatalf("runtime defaults: %+v", c.Runtime)
+	}
+	if c.Daemon.MachineID != "auto" || c.Log.Level != "info" || c.Log.Format != "auto" {
+		t.Fatalf("daemon/log defaults: %+v %+v", c.Daemon, c.Log)
+	}
+}
+
+func TestEverySection(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := `
+[server]
+url = "http://127.0.0.1:9000"
+token_file = "token"
+
+[daemon]
+machine_id = "m1"
+label = "gpu box"
+tags = ["gpu=h100", "zone=a"]
+lanes = ["training"]
+queue = "training"
+
+[poll]
+wait_max_s = 5
+retry_min_s = 0.5
+retry_max_s = 10
+
+[runtime]
+max_invocations = 4
+default_runner = "echo"
+runners = ["process", "echo"]
+workdir = "~/w"
+keep_alive_s = 0
+shutdown_grace_s = 2.5
+auto_update = true
+auto_update_check_interval_s = 60
+
+[identity]
+enabled = true
+key_file = "keys/id.key"
+enroll_token_file = "~/enroll"
+
+[log]
+level = "debug"
+format = "console"
+`
+	c, err := config.Parse(filepath.Join(dir, "nymph.toml"), []byte(src), "/home/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Server.TokenFile != token {
+		t.Errorf("token_file = %q, want %q (relative to the config file)", c.Server.TokenFile, token)
+	}
+	if c.Runtime.Workdir != "/home/u/w" || c.Identity.EnrollTokenFile != "/home/u/enroll" {
+		t.Errorf("~ not expanded: %q %q", c.Runtime.Workdir, c.Identity.EnrollTokenFile)
+	}
+	if c.Identity.KeyFile != filepath.Join(dir, "keys/id.key") {
+		t.Errorf("key_file = %q", c.Identity.KeyFile)
+	}
+	if c.Poll.RetryMinS != 0.5 || c.Poll.WaitMaxS != 5 || c.Runtime.ShutdownGraceS != 2.5 {
+		t.Errorf("numbers: %+v %+v", c.Poll, c.Runtime)
+	}
+	if !reflect.DeepEqual(c.Daemon.Tags, []string{"gpu=h100", "zone=a"}) || c.Daemon.Queue != "training" {
+		t.Errorf("daemon: %+v", c.Daemon)
+	}
+	if c.Runtime.MaxInvocations != 4 || c.Runtime.KeepAliveS != 0 || !c.Runtime.AutoUpdate || !c.Identity.Enabled {
+		t.Errorf("runtime: %+v identity: %+v", c.Runtime, c.Identity)
+	}
+	if len(c.Warnings) != 0 {
+		t.Errorf("warnings: %v", c.Warnings)
+	}
+}
+
+func TestEveryProblemReportedWithFileAndKey(t *testing.T) {
+	src := `
+[server]
+url = "ftp://x"
+token_file = "/nonexistent/token"
+
+[daemon]
+machine_id = ""
+tags = "gpu"
+
+[poll]
+wait_max_s = "twenty"
+retry_min_s = 5
+retry_max_s = 1
+
+[runtime]
+max_invocations = -1
+runners = ["process", "teleport"]
+default_runner = "docker"
+keep_alive_s = -5
+shutdown_grace_s = -1
+auto_update = "yes"
+
+[log]
+level = "loud"
+format = "xml"
+`
+	_, err := config.Parse("/cfg/nymph.toml", []byte(src), "/home/u")
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"[server] url: must be an http:// or https:// URL",
+		"[daemon] machine_id: must not be empty",
+		"[daemon] tags: must be a list of strings, got string \"gpu\"",
+		"[poll] wait_max_s: must be a number, got string \"twenty\"",
+		"[poll] retry_max_s: must be >= retry_min_s (5), got 1",
+		"[runtime] max_invocations: must be >= 0",
+		"[runtime] runners: unknown runner kind \"teleport\"",
+		"[runtime] default_runner: \"docker\" is not in [runtime] runners",
+		"[runtime] keep_alive_s: must be -1",
+		"[runtime] shutdown_grace_s: must be >= 0",
+		"[runtime] auto_update: must be true or false",
+		"[log] level: must be one of",
+		"[log] format: must be one of",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("missing %q in:\n%s", want, msg)
+		}
+	}
+	for _, line := range strings.Split(msg, "\n") {
+		if !strings.HasPrefix(line, "config /cfg/nymph.toml: ") {
+			t.Errorf("line does not name the file: %q", line)
+		}
+	}
+}
+
+func TestMissingTokenFileIsAnError(t *testing.T) {
+	_, err := config.Parse("/cfg/nymph.toml", []byte("[server]\nurl = \"http://h\"\ntoken_file = \"/nonexistent/tok\"\n"), "/h")
+	if err == nil || !strings.Contains(err.Error(), "config /cfg/nymph.toml: [server] token_file: cannot read /nonexistent/tok") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestMissingURLAndSyntaxError(t *testing.T) {
+	_, err := config.Parse("/c.toml", []byte(""), "/h")
+	if err == nil || !strings.Contains(err.Error(), "[server] url: is required") {
+		t.Fatalf("err = %v", err)
+	}
+	_, err = config.Parse("/c.toml", []byte("[server\nurl="), "/h")
+	if err == nil || !strings.Contains(err.Error(), "config /c.toml: toml:") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestUnknownKeysAreWarnings(t *testing.T) {
+	c, err := config.Parse("/c.toml", []byte("[server]\nurl = \"http://h\"\nurll = 1\n[extra]\nx = 1\n"), "/h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Warnings) != 2 || !strings.Contains(c.Warnings[0], "[extra]: unknown section") ||
+		!strings.Contains(c.Warnings[1], "[server] urll: unknown key") {
+		t.Fatalf("warnings = %q", c.Warnings)
+	}
+}
+
+func TestQueueOverride(t *testing.T) {
+	c, err := config.Parse("/c.toml", []byte("[server]\nurl = \"http://h\"\n[daemon]\nqueue = \"file\"\n"), "/h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ResolveQueue("", "")
+	if c.Daemon.Queue != "file" {
+		t.Fatal(c.Daemon.Queue)
+	}
+	c.ResolveQueue("", "env")
+	if c.Daemon.Queue != "env" {
+		t.Fatal(c.Daemon.Queue)
+	}
+	c.ResolveQueue("flag", "env")
+	if c.Daemon.Queue != "flag" {
+		t.Fatal(c.Daemon.Queue)
+	}
+}
+
+func TestLoadReadsTheFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "n.toml")
+	if err := os.WriteFile(p, []byte("[server]\nurl = \"http://h\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := config.Load(p)
+	if err != nil || c.Path != p {
+		t.Fatalf("%v %v", c, err)
+	}
+	if _, err := config.Load(p + ".missing"); err == nil || !strings.Contains(err.Error(), p+".missing") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestExpandHome(t *testing.T) {
+	for in, want := range map[string]string{"~": "/h", "~/a/b": "/h/a/b", "/abs": "/abs", "~x": "~x"} {
+		if got := config.ExpandHome(in, "/h"); got != want {
+			t.Errorf("ExpandHome(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
