@@ -3,7 +3,9 @@ package messages
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
+	"strings"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -223,7 +225,36 @@ func decodeBody(body []byte, v any) error {
 	if body[0]&0xf0 != 0x80 && body[0] != 0xde && body[0] != 0xdf {
 		return errors.New("body: not a map")
 	}
-	return Unmarshal(body, v)
+	if err := Unmarshal(body, v); err != nil {
+		if name, ferr := badField(body, v); ferr != nil {
+			return fmt.Errorf("field %s: %w", name, ferr)
+		}
+		return err
+	}
+	return nil
+}
+
+// badField finds the first field of the struct v points to whose value in
+// the map body does not decode, so a refusal names the field at fault
+// rather than only the msgpack code it tripped on.
+func badField(body []byte, v any) (string, error) {
+	var raw map[string]msgpack.RawMessage
+	if msgpack.Unmarshal(body, &raw) != nil {
+		return "", nil
+	}
+	t := reflect.TypeOf(v).Elem()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("msgpack"), ",")
+		r, ok := raw[name]
+		if !ok {
+			continue
+		}
+		if err := msgpack.Unmarshal(r, reflect.New(f.Type).Interface()); err != nil {
+			return name, err
+		}
+	}
+	return "", nil
 }
 
 // EncodeCommand builds a Command from a typed body, for the control plane and
