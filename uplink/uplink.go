@@ -1,0 +1,383 @@
+// Package uplink owns nymph's outbound HTTP client: every request the daemon
+// makes to the control plane. Bodies are msgpack (messages.Marshal) with
+// Content-Type and Accept set to application/x-msgpack, the bootstrap bearer
+// is attached when configured, each request is bounded by the 120 s client
+// timeout of the spec, and log chunks go out as raw
+// application/octet-stream bytes.
+//
+// Credentials (the bearer and, when a Signer is set, the request signature)
+// are only ever attached to requests for the control plane's own origin; a
+// server-supplied URL on another host (a presigned download, say) gets none.
+package uplink
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"nymph/messages"
+)
+
+// Routes the daemon calls, relative to the server URL.
+const (
+	PathHello = "/v1/daemon/hello"
+	PathPoll  = "/v1/daemon/poll"
+	PathAck   = "/v1/daemon/ack"
+	PathKeys  = "/v1/daemon/keys"
+)
+
+// Limits of the transport.
+const (
+	// DefaultTimeout bounds one request, body included.
+	DefaultTimeout = 120 * time.Second
+	// IdleConnTimeout is how long an idle pooled connection is kept.
+	IdleConnTimeout = 90 * time.Second
+	// maxResponse bounds a msgpack response body read into memory.
+	maxResponse = 64 << 20
+	// maxErrorBody is how much of an error response is kept for the message.
+	maxErrorBody = 512
+)
+
+// OctetStream is the media type of raw log chunks.
+const OctetStream = "application/octet-stream"
+
+// ExecResultPath is the route of one exec's result callback.
+func ExecResultPath(execID string) string {
+	return "/v1/daemon/exec/" + url.PathEscape(execID) + "/result"
+}
+
+// PresignPath is the payload-store presign route of a namespace.
+func PresignPath(namespace string) string {
+	return "/v1/namespaces/" + url.PathEscape(namespace) + "/payloads/presign"
+}
+
+// Signer signs a request over its exact body bytes. *identity.Key
+// satisfies it; without one, requests carry only the bearer.
+type Signer interface {
+	SignRequest(req *http.Request, body []byte, now time.Time) error
+}
+
+// Client talks to one control plane. It is safe for concurrent use.
+type Client struct {
+	base   *url.URL
+	token  string
+	signer Signer
+	http   *http.Client
+	now    func() time.Time
+}
+
+// Option configures a Client.
+type Option func(*Client) error
+
+// WithToken sets the bearer token attached to every request to the server.
+func WithToken(token string) Option {
+	return func(c *Client) error {
+		c.token = strings.TrimSpace(token)
+		return nil
+	}
+}
+
+// WithTokenFile reads the bearer token from a file (surrounding whitespace
+// is dropped).
+func WithTokenFile(path string) Option {
+	return func(c *Client) error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("token file: %w", err)
+		}
+		c.token = strings.TrimSpace(string(b))
+		return nil
+	}
+}
+
+// WithCAFile trusts the PEM certificates in path (in addition to nothing
+// else) for the server's TLS.
+func WithCAFile(path string) Option {
+	return func(c *Client) error {
+		pem, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("ca file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("ca file %s: no PEM certificate found", path)
+		}
+		tr, ok := c.http.Transport.(*http.Transport)
+		if !ok {
+			return errors.New("ca file: the HTTP client has a custom transport")
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		return nil
+	}
+}
+
+// WithTimeout replaces the 120 s per-request bound (for tests).
+func WithTimeout(d time.Duration) Option {
+	return func(c *Client) error {
+		c.http.Timeout = d
+		return nil
+	}
+}
+
+// WithSigner signs every request to the server.
+func WithSigner(s Signer) Option {
+	return func(c *Client) error {
+		c.signer = s
+		return nil
+	}
+}
+
+// WithClock replaces the clock used for signatures.
+func WithClock(now func() time.Time) Option {
+	return func(c *Client) error {
+		c.now = now
+		return nil
+	}
+}
+
+// New returns a client for the control plane at baseURL.
+func New(baseURL string, opts ...Option) (*Client, error) {
+	u, err := url.Parse(strings.TrimRight(baseURL, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("server url %q: must be http:// or https:// with a host", baseURL)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.IdleConnTimeout = IdleConnTimeout
+	tr.MaxIdleConnsPerHost = 32
+	c := &Client{
+		base: u,
+		http: &http.Client{Transport: tr, Timeout: DefaultTimeout},
+		now:  time.Now,
+	}
+	for _, o := range opts {
+		if err := o(c); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// BaseURL is the server URL the client was made for.
+func (c *Client) BaseURL() string { return c.base.String() }
+
+// CloseIdleConnections drops pooled connections.
+func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }
+
+// StatusError is a non-2xx answer.
+type StatusError struct {
+	Method string
+	URL    string
+	Status int
+	Body   string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("%s %s: HTTP %d: %s", e.Method, e.URL, e.Status, e.Body)
+}
+
+// DecodeError is a 2xx answer whose body could not be decoded.
+type DecodeError struct {
+	URL string
+	Err error
+}
+
+func (e *DecodeError) Error() string { return fmt.Sprintf("decode response of %s: %v", e.URL, e.Err) }
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// Retryable reports whether err is worth retrying later: a transport error,
+// a timeout, 408, 425, 429 or any 5xx. Other 4xx answers are final, and so
+// is a cancelled context.
+func Retryable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var se *StatusError
+	if errors.As(err, &se) {
+		return se.Status >= 500 || se.Status == http.StatusRequestTimeout ||
+			se.Status == http.StatusTooEarly || se.Status == http.StatusTooManyRequests
+	}
+	return true
+}
+
+// Hello sends the first-contact request.
+func (c *Client) Hello(ctx context.Context, req *messages.HelloRequest) (*messages.HelloResponse, error) {
+	var resp messages.HelloResponse
+	if err := c.call(ctx, PathHello, req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+// Poll long-polls for commands.
+func (c *Client) Poll(ctx context.Context, req *messages.PollRequest) (*messages.PollResponse, error) {
+	var resp messages.PollResponse
+	if err := c.call(ctx, PathPoll, req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+// Ack posts the terminal outcome of one run.
+func (c *Client) Ack(ctx context.Context, a *messages.Ack) error {
+	return c.call(ctx, PathAck, a, nil)
+}
+
+// ExecResult posts one exec's result callback.
+func (c *Client) ExecResult(ctx context.Context, execID string, r *messages.ExecResult) error {
+	return c.call(ctx, ExecResultPath(execID), r, nil)
+}
+
+// Presign asks the payload store for a URL.
+func (c *Client) Presign(ctx context.Context, namespace string, req *messages.PresignRequest) (*messages.PresignResponse, error) {
+	var resp messages.PresignResponse
+	if err := c.call(ctx, PresignPath(namespace), req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+// PostEncoded posts an already encoded msgpack body to a server path and
+// discards the answer's body. The outbox uses it to replay stored results
+// byte for byte.
+func (c *Client) PostEncoded(ctx context.Context, path string, body []byte) error {
+	u, err := c.resolve(path)
+	if err != nil {
+		return err
+	}
+	_, err = c.do(ctx, http.MethodPost, u, messages.ContentType, body, 0)
+	return err
+}
+
+// PostChunk posts raw log bytes to a server-supplied URL (absolute, or a
+// path on the server).
+func (c *Client) PostChunk(ctx context.Context, rawURL string, data []byte) error {
+	u, err := c.base.Parse(rawURL)
+	if err != nil {
+		return fmt.Errorf("chunk url %q: %w", rawURL, err)
+	}
+	_, err = c.do(ctx, http.MethodPost, u, OctetStream, data, 0)
+	return err
+}
+
+// Download GETs a URL (absolute, or a path on the server) and returns at
+// most limit bytes; a longer body is an error.
+func (c *Client) Download(ctx context.Context, rawURL string, limit int64) ([]byte, error) {
+	u, err := c.base.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("download url %q: %w", rawURL, err)
+	}
+	return c.do(ctx, http.MethodGet, u, "", nil, limit)
+}
+
+// resolve joins an escaped route path onto the server URL, keeping any path
+// prefix the server URL has.
+func (c *Client) resolve(path string) (*url.URL, error) {
+	u, err := url.Parse(c.base.String() + path)
+	if err != nil {
+		return nil, fmt.Errorf("route %q: %w", path, err)
+	}
+	return u, nil
+}
+
+func (c *Client) call(ctx context.Context, path string, in, out any) error {
+	body, err := messages.Marshal(in)
+	if err != nil {
+		return err
+	}
+	u, err := c.resolve(path)
+	if err != nil {
+		return err
+	}
+	limit := int64(0)
+	if out != nil {
+		limit = maxResponse
+	}
+	data, err := c.do(ctx, http.MethodPost, u, messages.ContentType, body, limit)
+	if err != nil || out == nil {
+		return err
+	}
+	if len(data) == 0 {
+		return &DecodeError{URL: u.String(), Err: errors.New("empty body")}
+	}
+	if err := messages.Unmarshal(data, out); err != nil {
+		return &DecodeError{URL: u.String(), Err: err}
+	}
+	return nil
+}
+
+// do performs one request. limit > 0 reads the body up to limit bytes;
+// limit 0 drains and discards it (so the connection is reused).
+func (c *Client) do(ctx context.Context, method string, u *url.URL, contentType string, body []byte, limit int64) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, u, err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if contentType == messages.ContentType || method == http.MethodPost {
+		req.Header.Set("Accept", messages.ContentType)
+	}
+	if c.sameOrigin(u) {
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		if c.signer != nil {
+			if err := c.signer.SignRequest(req, body, c.now()); err != nil {
+				return nil, fmt.Errorf("sign %s %s: %w", method, u.Path, err)
+			}
+		}
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, u.Redacted(), err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		return nil, &StatusError{Method: method, URL: u.Redacted(), Status: resp.StatusCode, Body: strings.TrimSpace(string(b))}
+	}
+	if limit <= 0 {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		return nil, nil
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: read body: %w", method, u.Redacted(), err)
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s %s: body larger than %d bytes", method, u.Redacted(), limit)
+	}
+	return data, nil
+}
+
+func (c *Client) sameOrigin(u *url.URL) bool {
+	return strings.EqualFold(u.Scheme, c.base.Scheme) && strings.EqualFold(hostPort(u), hostPort(c.base))
+}
+
+func hostPort(u *url.URL) string {
+	if u.Port() != "" {
+		return u.Host
+	}
+	switch u.Scheme {
+	case "https":
+		return net.JoinHostPort(u.Hostname(), "443")
+	default:
+		return net.JoinHostPort(u.Hostname(), "80")
+	}
+}
