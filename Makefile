@@ -1,0 +1,47 @@
+# Entry points for building and testing nymph and lakeshore.
+# CI runs `bash .ci/run`, which installs the test dependencies
+# (test/infra/install.sh) and then runs `make test`.
+
+GO      ?= go
+# -trimpath: reproducible binaries; -mod=readonly: never rewrite go.mod
+# behind anyone's back.
+GOFLAGS ?= -trimpath -mod=readonly
+export GOFLAGS
+
+PKGS         ?= ./...
+TEST_TIMEOUT ?= 12m
+TEST_FLAGS   ?= -race -count=1 -timeout $(TEST_TIMEOUT)
+
+.PHONY: all build test vet bench run clean
+
+all: build
+
+build:
+	@if [ -d cmd ]; then \
+		mkdir -p bin && $(GO) build -o bin/ ./cmd/...; \
+	else \
+		echo "build: no cmd/ directory yet, nothing to build"; \
+	fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+test: vet
+	$(GO) test $(TEST_FLAGS) $(PKGS)
+
+bench:
+	@if [ -x test/bench/run.sh ]; then \
+		test/bench/run.sh; \
+	else \
+		echo "bench: test/bench/run.sh does not exist yet" >&2; exit 1; \
+	fi
+
+run:
+	@if [ -x scripts/run-local.sh ]; then \
+		scripts/run-local.sh; \
+	else \
+		echo "run: scripts/run-local.sh does not exist yet" >&2; exit 1; \
+	fi
+
+clean:
+	rm -rf bin

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that the tests of real components need
+# (gVisor, podman, OpenSSH, SLURM + munge, PostgreSQL 15, busybox, ...).
+#
+# Idempotent: when every package is already installed it only runs one
+# dpkg-query and exits, so CI and developers can call it on every run.
+# Services shipped by these packages are never left running: tests start
+# their own private instances (see test/realparts).
+set -euo pipefail
+
+# Debian package -> why the tests need it.
+packages=(
+	runsc          # gvisor runner: runsc do
+	podman         # docker-compatible CLI for the docker runner
+	runc           # podman's OCI runtime here (crun fails on these hosts)
+	openssh-server # sshd on loopback for ssh-based tests
+	openssh-client
+	slurmctld      # single-node SLURM cluster for the slurm runner
+	slurmd
+	slurm-client
+	munge
+	postgresql-15  # server binaries under /usr/lib/postgresql/15/bin
+	busybox-static # root filesystem of the local test image
+	rsync
+	python3        # python runner shim
+	procps
+	iproute2
+)
+
+if [[ $(id -u) -ne 0 ]]; then
+	echo "install.sh: must run as root (it calls apt-get)" >&2
+	exit 1
+fi
+
+missing_packages() {
+	local pkg status
+	for pkg in "${packages[@]}"; do
+		status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$pkg" 2>/dev/null || true)
+		if [[ $status != ii* ]]; then
+			echo "$pkg"
+		fi
+	done
+}
+
+mapfile -t missing < <(missing_packages)
+if [[ -x /usr/lib/postgresql/15/bin/initdb && -x /usr/lib/postgresql/15/bin/postgres && ${#missing[@]} -eq 0 ]]; then
+	echo "install.sh: all ${#packages[@]} packages present"
+	exit 0
+fi
+if [[ ${#missing[@]} -eq 0 ]]; then
+	# Package says installed but server binaries are gone: reinstall it.
+	missing=(postgresql-15)
+fi
+echo "install.sh: installing ${missing[*]}"
+
+# Package maintainer scripts would start sshd, munged, slurmctld, slurmd and
+# a postgres cluster on their default ports. Forbid that for the duration of
+# the install with a policy-rc.d that refuses every start, restoring whatever
+# policy the machine had before.
+policy=/usr/sbin/policy-rc.d
+policy_backup=""
+if [[ -e $policy ]]; then
+	policy_backup=$(mktemp)
+	cp -p "$policy" "$policy_backup"
+fi
+restore_policy() {
+	if [[ -n $policy_backup ]]; then
+		mv -f "$policy_backup" "$policy"
+	else
+		rm -f "$policy"
+	fi
+}
+trap restore_policy EXIT
+printf '#!/bin/sh\nexit 101\n' >"$policy"
+chmod 0755 "$policy"
+
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends \
+	-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+	"${packages[@]}" >/dev/null
+
+mapfile -t still_missing < <(missing_packages)
+if [[ ${#still_missing[@]} -gt 0 ]]; then
+	echo "install.sh: still missing after install: ${still_missing[*]}" >&2
+	exit 1
+fi
+for bin in runsc podman runc /usr/sbin/sshd ssh ssh-keygen slurmctld slurmd srun sinfo munged \
+	/usr/lib/postgresql/15/bin/initdb /usr/lib/postgresql/15/bin/pg_ctl busybox rsync python3; do
+	if ! command -v "$bin" >/dev/null 2>&1; then
+		echo "install.sh: $bin not found after install" >&2
+		exit 1
+	fi
+done
+echo "install.sh: done"

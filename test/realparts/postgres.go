@@ -1,0 +1,130 @@
+package realparts
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// pgBinDirs are where Debian and upstream packages keep initdb and pg_ctl,
+// which are not on $PATH on Debian.
+var pgBinDirs = []string{"/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin"}
+
+// Postgres is a private PostgreSQL server on 127.0.0.1 with trust
+// authentication, owned by the postgres OS user, with fsync off (the data
+// is thrown away with the test).
+type Postgres struct {
+	// DSN is postgres://postgres@127.0.0.1:PORT/postgres?sslmode=disable,
+	// usable by pgx and psql.
+	DSN  string
+	Host string
+	Port int
+	// User and Database are the superuser and the default database.
+	User     string
+	Database string
+	// SocketDir holds the unix socket; DataDir the cluster; Dir also holds
+	// postgres.log.
+	SocketDir string
+	DataDir   string
+	Dir       string
+
+	binDir string
+}
+
+// StartPostgres initialises and starts a private PostgreSQL server and
+// returns once it accepts connections (about a second). It needs root
+// (initdb refuses root, so it runs as the postgres user via runuser).
+func StartPostgres(t testing.TB) *Postgres {
+	t.Helper()
+	RequireRoot(t)
+	runuser := RequireTool(t, "runuser")[0]
+	binDir := ""
+	for _, d := range pgBinDirs {
+		if _, err := os.Stat(filepath.Join(d, "pg_ctl")); err == nil {
+			binDir = d
+			break
+		}
+	}
+	if binDir == "" {
+		unavailable(t, "PostgreSQL server binaries not found in %v", pgBinDirs)
+		return nil
+	}
+	pgUser, err := user.Lookup("postgres")
+	if err != nil {
+		unavailable(t, "postgres OS user: %v", err)
+		return nil
+	}
+	uid, _ := strconv.Atoi(pgUser.Uid)
+	gid, _ := strconv.Atoi(pgUser.Gid)
+
+	dir := privateDir(t, "pg")
+	p := &Postgres{
+		Host:      "127.0.0.1",
+		User:      "postgres",
+		Database:  "postgres",
+		SocketDir: filepath.Join(dir, "sock"),
+		DataDir:   filepath.Join(dir, "data"),
+		Dir:       dir,
+		binDir:    binDir,
+	}
+	if err := os.Mkdir(p.SocketDir, 0o755); err != nil {
+		t.Fatalf("realparts: %v", err)
+	}
+	if err := chownTree(dir, uid, gid); err != nil {
+		t.Fatalf("realparts: chown %s: %v", dir, err)
+	}
+	fam := newFamily(t)
+	asPostgres := func(ctx context.Context, args ...string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, runuser, append([]string{"-u", "postgres", "--"}, args...)...)
+		cmd.Env = fam.env()
+		cmd.Dir = dir
+		return cmd
+	}
+	initCtx, cancelInit := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancelInit()
+	out, err := asPostgres(initCtx, filepath.Join(binDir, "initdb"), "-D", p.DataDir, "-U", "postgres",
+		"--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync").CombinedOutput()
+	if err != nil {
+		t.Fatalf("realparts: initdb: %v\n%s", err, out)
+	}
+	// Registered after newFamily, so it runs before the family's kill: a
+	// clean stop releases the server's shared memory.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = asPostgres(ctx, filepath.Join(binDir, "pg_ctl"), "-D", p.DataDir, "-m", "immediate", "-w", "-t", "10", "stop").Run()
+	})
+
+	logPath := filepath.Join(dir, "postgres.log")
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			t.Fatalf("realparts: %v", err)
+		}
+		opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200", port, p.SocketDir)
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		out, err := asPostgres(ctx, filepath.Join(binDir, "pg_ctl"), "-D", p.DataDir, "-l", logPath, "-o", opts, "-w", "-t", "60", "start").CombinedOutput()
+		cancel()
+		if err == nil {
+			p.Port = port
+			p.DSN = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+			return p
+		}
+		lastErr = fmt.Errorf("pg_ctl start: %v: %s\n--- postgres.log ---\n%s", err, out, tailFile(logPath, 2000))
+	}
+	t.Fatalf("realparts: postgres did not start: %v", lastErr)
+	return nil
+}
+
+// Psql returns a psql command connected to the server as the superuser,
+// with -X (no ~/.psqlrc) and ON_ERROR_STOP.
+func (p *Postgres) Psql(ctx context.Context, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "psql", append([]string{"-X", "-v", "ON_ERROR_STOP=1", p.DSN}, args...)...)
+}
