@@ -34,7 +34,8 @@ type Caps struct {
 	// POSIX sh, so a busybox image is enough.
 	Script bool
 	// Python: Spec.Function is a Python function module:qualname, found in
-	// Spec.Workdir, whose args and result are msgpack.
+	// Spec.Workdir, whose args and result are msgpack. When set, scenarios
+	// take their Python form; Script then adds the script-only scenarios.
 	Python bool
 	// Echo: there is no process; the result is the args. Only the data,
 	// concurrency and cancellation scenarios apply.
@@ -226,7 +227,7 @@ func (s *suite) success(t *testing.T) {
 	r := s.factory(t)
 	spec := s.spec(t)
 	switch {
-	case s.caps.Echo, s.caps.Script:
+	case !s.caps.Python:
 		spec.Script = echoScript
 		spec.Args = []byte("hello \x00\xff conformance")
 		out := s.run(t, context.Background(), r, spec)
@@ -299,7 +300,7 @@ func (s *suite) largeArgs(t *testing.T) {
 	if _, err := rand.Read(data); err != nil {
 		t.Fatal(err)
 	}
-	if s.caps.Echo || s.caps.Script {
+	if !s.caps.Python {
 		spec.Script = echoScript
 		spec.Args = data
 		out := s.run(t, context.Background(), r, spec)
@@ -325,7 +326,7 @@ func (s *suite) concurrent(t *testing.T) {
 	specs := make([]runners.Spec, n)
 	for i := range specs {
 		specs[i] = s.spec(t)
-		if s.caps.Echo || s.caps.Script {
+		if !s.caps.Python {
 			specs[i].Script = echoScript
 			specs[i].Args = []byte("run-" + strconv.Itoa(i))
 		} else {
@@ -354,7 +355,7 @@ func (s *suite) concurrent(t *testing.T) {
 			t.Fatalf("run %d: %v", i, errs[i])
 		}
 		wantState(t, outs[i], messages.StateSucceeded)
-		if s.caps.Echo || s.caps.Script {
+		if !s.caps.Python {
 			if string(outs[i].Result) != "run-"+strconv.Itoa(i) {
 				t.Fatalf("run %d: result %q", i, outs[i].Result)
 			}
@@ -386,7 +387,7 @@ func (s *suite) emptyResult(t *testing.T) {
 	t.Parallel()
 	r := s.factory(t)
 	spec := s.spec(t)
-	if s.caps.Script {
+	if !s.caps.Python {
 		spec.Script = "true\n"
 		out := s.run(t, context.Background(), r, spec)
 		wantState(t, out, messages.StateSucceeded)
@@ -407,7 +408,7 @@ func (s *suite) structuredFailure(t *testing.T) {
 	t.Parallel()
 	r := s.factory(t)
 	spec := s.spec(t)
-	if s.caps.Script {
+	if !s.caps.Python {
 		spec.Script = `printf '%s' '{"type":"ValueError","message":"boom","traceback":"line 1\nline 2"}' > "$NYMPH_ERROR_PATH"
 exit 3
 `
@@ -571,7 +572,7 @@ func (s *suite) envAndWorkdir(t *testing.T) {
 	const value = "a b=c 'quoted' $HOME"
 	spec.Env["NYMPH_CONFORMANCE"] = value
 	var lines []string
-	if s.caps.Script {
+	if !s.caps.Python {
 		spec.Script = `{
 printf '%s\n' "$NYMPH_CONFORMANCE"
 pwd -P
@@ -608,7 +609,7 @@ func (s *suite) outputStreamed(t *testing.T) {
 	t.Parallel()
 	r := s.factory(t)
 	spec := s.spec(t)
-	if s.caps.Script {
+	if !s.caps.Python {
 		spec.Script = "echo out-line\necho err-line >&2\n"
 	} else {
 		s.python(&spec, "output", nil)
