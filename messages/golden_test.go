@@ -25,11 +25,11 @@ import (
 // mp is the reference writer. Every method appends one msgpack item and
 // returns the writer so a body reads top to bottom like the wire does.
 type mp struct {
-	t *testing.T
+	t testing.TB
 	b []byte
 }
 
-func w(t *testing.T) *mp { return &mp{t: t} }
+func w(t testing.TB) *mp { return &mp{t: t} }
 
 func (m *mp) bytes() []byte { return m.b }
 
@@ -204,7 +204,7 @@ func payloadRef() messages.PayloadRef {
 	return messages.PayloadRef{Bucket: "payloads", Key: "ns/k1", Size: 5_000_000_000, ContentType: "application/octet-stream", SHA256: sp(sha)}
 }
 
-func payloadRefWire(t *testing.T) []byte {
+func payloadRefWire(t testing.TB) []byte {
 	return w(t).fixmap(5).
 		str("bucket").str("payloads").
 		str("key").str("ns/k1").
@@ -213,7 +213,7 @@ func payloadRefWire(t *testing.T) []byte {
 		str("sha256").str(sha).bytes()
 }
 
-func capabilitiesWire(t *testing.T, runners []string, maxInv uint64, workdir string) []byte {
+func capabilitiesWire(t testing.TB, runners []string, maxInv uint64, workdir string) []byte {
 	m := w(t).fixmap(3).str("runners").arr(len(runners))
 	for _, r := range runners {
 		m.str(r)
@@ -221,7 +221,7 @@ func capabilitiesWire(t *testing.T, runners []string, maxInv uint64, workdir str
 	return m.str("max_invocations").uint(maxInv).str("workdir").str(workdir).bytes()
 }
 
-func nilVersionsWire(t *testing.T, daemon string) []byte {
+func nilVersionsWire(t testing.TB, daemon string) []byte {
 	return w(t).fixmap(10).
 		str("daemon").str(daemon).
 		str("protocol").str("1").
@@ -235,7 +235,7 @@ func nilVersionsWire(t *testing.T, daemon string) []byte {
 		str("gpu").nil().bytes()
 }
 
-func goldenCases(t *testing.T) []goldenCase {
+func goldenCases(t testing.TB) []goldenCase {
 	sixteen := make([]string, 16)
 	for i := range sixteen {
 		sixteen[i] = fmt.Sprintf("t%d=v", i)
