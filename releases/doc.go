@@ -1,0 +1,25 @@
+// Package releases owns the nymph binaries the control plane publishes for
+// over-the-air updates: storing them, listing them, and serving them to
+// daemons with a sha256 sidecar.
+//
+// # Layout
+//
+// Under the store's directory (typically DataDir/releases):
+//
+//	.index.json                      the catalogue: version, triple, sha256, size, published time
+//	.lock                            flock(2) target serialising writers across processes
+//	<version>/nymph-<triple>         the binary, mode 0755
+//	<version>/nymph-<triple>.sha256  "<hex>  nymph-<triple>\n", as sha256sum prints it
+//
+// Versions start with a letter or digit, so they never collide with the
+// dot-files. Every file is written to a temporary name, fsynced and renamed,
+// so a reader sees the old release or the new one, never a torn file.
+// Re-publishing a version and triple replaces it the same way.
+//
+// # HTTP
+//
+// Handler serves GET/HEAD <prefix>/<version>/<triple> (the binary) and
+// <prefix>/<version>/<triple>.sha256 (the sidecar); URLFor builds the first.
+// The sidecar is what `lakeshore daemon update` reads when no --sha256 is
+// given; FetchChecksum does that for a URL outside this store.
+package releases
