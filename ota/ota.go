@@ -81,7 +81,8 @@ type Options struct {
 	Env  []string
 	// MaxSize caps the download in bytes; 0 means DefaultMaxSize.
 	MaxSize int64
-	// Timeout caps one Install; 0 means DefaultTimeout.
+	// Timeout caps one Install whose context has no deadline of its own;
+	// 0 means DefaultTimeout.
 	Timeout time.Duration
 }
 
