@@ -89,7 +89,8 @@ type Result struct {
 
 // Run starts the command in its own process group and returns once the
 // leader has exited and every process left in the group has been killed.
-// An error means the command could not be started.
+// An error means the command could not be started. A context that is
+// already done starts nothing and reports Cancelled.
 func Run(ctx context.Context, c Command) (Result, error) {
 	if len(c.Argv) == 0 {
 		return Result{}, errors.New("procgroup: empty argv")
@@ -97,6 +98,10 @@ func Run(ctx context.Context, c Command) (Result, error) {
 	grace := c.KillGrace
 	if grace <= 0 {
 		grace = DefaultKillGrace
+	}
+	if ctx.Err() != nil {
+		// Nothing to stop yet: do not start at all.
+		return Result{ExitCode: -1, Stopped: Cancelled, Cause: context.Cause(ctx)}, nil
 	}
 
 	stdin, err := openStdin(c.Stdin)

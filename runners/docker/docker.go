@@ -1,0 +1,297 @@
+// Package docker owns the "docker" runner: an invocation runs in a
+// container started by a docker-compatible CLI (docker or podman), named
+// nymph-<invocation_id>, with Spec.Image as its image.
+//
+// The scratch directory is mounted at /nymph, so the protocol files are
+// /nymph/args, /nymph/result and /nymph/error inside the container; the
+// args also arrive on stdin (-i). Spec.Workdir, when set, is a host
+// directory mounted at the same path and used as the working directory
+// (otherwise /nymph). Only Spec.Env and the protocol variables reach the
+// container, never the daemon's own environment.
+//
+// What runs: Spec.Script is written to the scratch directory and run with
+// the runner's shell (default /bin/sh, because small images have no bash);
+// otherwise Function.Module is the command inside the image and
+// Function.Qualname, when non-empty, its single argument; with neither, the
+// image's own entrypoint and command run. Spec.AsUser becomes --user.
+//
+// A timeout or a cancelled context stops the named container (`stop -t`
+// with the kill grace, then `kill` and `rm -f`) and waits until the CLI no longer
+// knows it, besides killing the CLI's own process group.
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"nymph/runners"
+	"nymph/runners/procgroup"
+	"nymph/runners/protocol"
+)
+
+// Kind is the run_config.runner name of this runner.
+const Kind = "docker"
+
+// ContainerDir is where the scratch directory is mounted in the container.
+const ContainerDir = "/nymph"
+
+// goneTimeout bounds the wait for a removed container to disappear.
+const goneTimeout = 30 * time.Second
+
+// Runner runs invocations in containers.
+type Runner struct {
+	log        zerolog.Logger
+	kind       string
+	cli        string
+	globalArgs []string
+	runArgs    []string
+	shell      string
+	killGrace  time.Duration
+}
+
+var _ runners.Runner = (*Runner)(nil)
+
+// Option configures a Runner.
+type Option func(*Runner)
+
+// WithCLI sets the container CLI (default "docker"; "podman" works too).
+func WithCLI(path string) Option {
+	return func(r *Runner) {
+		if path != "" {
+			r.cli = path
+		}
+	}
+}
+
+// WithGlobalArgs sets flags put before every subcommand, e.g. podman's
+// "--runtime runc --cgroup-manager cgroupfs".
+func WithGlobalArgs(args ...string) Option {
+	return func(r *Runner) { r.globalArgs = append([]string(nil), args...) }
+}
+
+// WithRunArgs sets extra flags of `run`, e.g. "--network=none" or
+// "--runtime=runsc".
+func WithRunArgs(args ...string) Option {
+	return func(r *Runner) { r.runArgs = append([]string(nil), args...) }
+}
+
+// WithShell sets the interpreter of scripts inside the container (default
+// "/bin/sh").
+func WithShell(path string) Option {
+	return func(r *Runner) {
+		if path != "" {
+			r.shell = path
+		}
+	}
+}
+
+// WithKillGrace sets the time a stopped container gets between SIGTERM and
+// SIGKILL (default 5 s; the CLI takes whole seconds, rounded up).
+func WithKillGrace(d time.Duration) Option {
+	return func(r *Runner) {
+		if d > 0 {
+			r.killGrace = d
+		}
+	}
+}
+
+// WithKind sets the name Kind reports, for a runner that is this one under
+// another name (gvisor with an image).
+func WithKind(kind string) Option {
+	return func(r *Runner) {
+		if kind != "" {
+			r.kind = kind
+		}
+	}
+}
+
+// New returns a docker runner.
+func New(log zerolog.Logger, opts ...Option) *Runner {
+	r := &Runner{
+		kind:      Kind,
+		cli:       "docker",
+		shell:     "/bin/sh",
+		killGrace: procgroup.DefaultKillGrace,
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	r.log = log.With().Str("runner", r.kind).Logger()
+	return r
+}
+
+// Kind implements runners.Runner.
+func (r *Runner) Kind() string { return r.kind }
+
+// ContainerName is the name of the container of an invocation: characters
+// a container name cannot hold become '-'.
+func ContainerName(invocationID string) string {
+	var b strings.Builder
+	b.WriteString("nymph-")
+	for _, c := range invocationID {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '.', c == '-':
+			b.WriteRune(c)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	return b.String()
+}
+
+// Run implements runners.Runner.
+func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, error) {
+	if spec.Image == "" {
+		return protocol.Invalid("run_config.image is required for the " + r.kind + " runner"), nil
+	}
+	if spec.InvocationID == "" {
+		return protocol.Invalid("invocation_id is required for the " + r.kind + " runner"), nil
+	}
+	if err := protocol.CheckEnv(spec.Env); err != nil {
+		return protocol.Invalid(err.Error()), nil
+	}
+	cli, err := exec.LookPath(r.cli)
+	if err != nil {
+		return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
+	}
+	files, err := protocol.Prepare(spec)
+	if err != nil {
+		return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
+	}
+	inside := protocol.FilesIn(ContainerDir)
+	var command []string
+	switch {
+	case spec.Script != "":
+		if err := protocol.WriteScript(files, spec.Script); err != nil {
+			return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
+		}
+		command = []string{r.shell, inside.Script}
+	case spec.Function.Module != "":
+		command = []string{spec.Function.Module}
+		if spec.Function.Qualname != "" {
+			command = append(command, spec.Function.Qualname)
+		}
+	}
+	if spec.AsUser != "" {
+		// The container user need not exist on the host: open the scratch
+		// directory up instead of handing it over.
+		if err := os.Chmod(files.Dir, 0o777); err != nil {
+			return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
+		}
+		for _, p := range []string{files.Args, files.Script} {
+			if err := os.Chmod(p, 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
+			}
+		}
+	}
+
+	name := ContainerName(spec.InvocationID)
+	argv := append([]string{cli}, r.globalArgs...)
+	argv = append(argv, "run", "--rm", "-i", "--name", name)
+	argv = append(argv, r.runArgs...)
+	argv = append(argv, "-v", files.Dir+":"+ContainerDir)
+	if spec.Workdir != "" {
+		argv = append(argv, "-v", spec.Workdir+":"+spec.Workdir, "-w", spec.Workdir)
+	} else {
+		argv = append(argv, "-w", ContainerDir)
+	}
+	env := make(map[string]string, len(spec.Env)+6)
+	for k, v := range spec.Env {
+		env[k] = v
+	}
+	for k, v := range protocol.Env(spec, inside) {
+		env[k] = v
+	}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		argv = append(argv, "-e", k+"="+env[k])
+	}
+	if spec.AsUser != "" {
+		argv = append(argv, "--user", spec.AsUser)
+	}
+	argv = append(argv, spec.Image)
+	argv = append(argv, command...)
+
+	log := r.log.With().Str("invocation_id", spec.InvocationID).Str("container", name).Logger()
+	log.Debug().Strs("argv", argv).Msg("starting")
+	res, err := procgroup.Run(ctx, procgroup.Command{
+		Argv:      argv,
+		Env:       os.Environ(),
+		Dir:       files.Dir,
+		Stdin:     files.Args,
+		Output:    spec.Output,
+		Timeout:   spec.Timeout,
+		KillGrace: r.killGrace,
+		Stop:      func(ctx context.Context) error { return r.remove(ctx, cli, name, true) },
+	})
+	if err != nil {
+		return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
+	}
+	if res.Stopped != procgroup.NotStopped {
+		// A CLI stopped while it was still creating the container may have
+		// left it behind; make sure it is gone before reporting.
+		cleanCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), goneTimeout+r.killGrace)
+		if err := r.remove(cleanCtx, cli, name, false); err != nil {
+			log.Error().Err(err).Msg("container left behind")
+		}
+		cancel()
+		if res.StopErr != nil {
+			log.Warn().Err(res.StopErr).Msg("stopping container")
+		}
+	}
+	out := protocol.Collect(files, res, spec.Timeout)
+	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
+	return out, nil
+}
+
+// remove stops (with the grace, when graceful) and removes the container,
+// then waits until the CLI no longer knows it.
+func (r *Runner) remove(ctx context.Context, cli, name string, graceful bool) error {
+	if graceful {
+		secs := strconv.Itoa(int(math.Ceil(r.killGrace.Seconds())))
+		// Fails when the container does not exist (yet, or any more); rm
+		// and the wait below are what count.
+		_ = r.cmd(ctx, cli, "stop", "-t", secs, name).Run()
+	}
+	// rm -f alone may wait for a stop timeout of its own; kill first.
+	_ = r.cmd(ctx, cli, "kill", name).Run()
+	rmOut, rmErr := r.cmd(ctx, cli, "rm", "-f", name).CombinedOutput()
+	pause := 20 * time.Millisecond
+	for {
+		if err := r.cmd(ctx, cli, "container", "inspect", "--format", "{{.Id}}", name).Run(); err != nil {
+			var exitErr *exec.ExitError
+			if errors.As(err, &exitErr) {
+				return nil
+			}
+			return fmt.Errorf("inspect %s: %w", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("container %s still exists (rm: %v %s): %w", name, rmErr, strings.TrimSpace(string(rmOut)), ctx.Err())
+		case <-time.After(pause):
+		}
+		if pause < 500*time.Millisecond {
+			pause *= 2
+		}
+		_ = r.cmd(ctx, cli, "kill", name).Run()
+		_ = r.cmd(ctx, cli, "rm", "-f", name).Run()
+	}
+}
+
+func (r *Runner) cmd(ctx context.Context, cli string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, cli, append(append([]string(nil), r.globalArgs...), args...)...)
+}
