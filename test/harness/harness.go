@@ -174,6 +174,9 @@ func (cp *ControlPlane) start(extra []string) {
 	})
 }
 
+// PID of the running control plane.
+func (cp *ControlPlane) PID() int { return cp.cmd.Process.Pid }
+
 // Log returns what the control plane printed so far.
 func (cp *ControlPlane) Log() string {
 	b, _ := os.ReadFile(cp.logPath)

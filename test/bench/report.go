@@ -1,0 +1,103 @@
+//go:build bench
+
+package bench
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// row is one line of the report: a measured figure, the baseline it is
+// compared with, and the target the ratio must meet.
+type row struct {
+	name     string
+	value    string
+	baseline string
+	ratio    float64
+	target   string
+	ok       *bool
+}
+
+type report struct {
+	rows []row
+}
+
+func (r *report) add(name, value, baseline string, ratio float64, target string, ok *bool) {
+	r.rows = append(r.rows, row{name, value, baseline, ratio, target, ok})
+}
+
+func (r *report) print(w io.Writer) {
+	fmt.Fprintf(w, "\n%-52s %-16s %-22s %-9s %-22s %s\n", "figure", "value", "baseline", "ratio", "target", "")
+	fmt.Fprintln(w, strings.Repeat("-", 130))
+	for _, x := range r.rows {
+		verdict := ""
+		if x.ok != nil {
+			verdict = "ok"
+			if !*x.ok {
+				verdict = "MISSED"
+			}
+		}
+		ratio := "-"
+		if x.ratio > 0 {
+			ratio = fmt.Sprintf("%.3f", x.ratio)
+		}
+		fmt.Fprintf(w, "%-52s %-16s %-22s %-9s %-22s %s\n", x.name, x.value, x.baseline, ratio, x.target, verdict)
+	}
+	fmt.Fprintln(w)
+}
+
+func boolp(b bool) *bool { return &b }
+
+// timeN runs f n times and returns the median duration.
+func timeN(t testing.TB, n int, f func() error) time.Duration {
+	t.Helper()
+	ds := make([]time.Duration, 0, n)
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		if err := f(); err != nil {
+			t.Fatalf("iteration %d: %v", i, err)
+		}
+		ds = append(ds, time.Since(start))
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	return ds[len(ds)/2]
+}
+
+func bashTrue() error { return exec.Command("bash", "-c", "true").Run() }
+
+// rssKB reads VmRSS of a process.
+func rssKB(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			f := strings.Fields(line)
+			return strconv.Atoi(f[1])
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+// cpuTicks is utime+stime of a process in clock ticks.
+func cpuTicks(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + st, nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
