@@ -3,10 +3,12 @@
 # (test/infra/install.sh) and then runs `make test`.
 
 GO      ?= go
-# -trimpath: reproducible binaries; -mod=readonly: never rewrite go.mod
-# behind anyone's back.
-GOFLAGS ?= -trimpath -mod=readonly
+# -mod=readonly: never rewrite go.mod behind anyone's back. Test builds
+# keep the default flags so they share the build cache with plain
+# `go test`; binaries are built with -trimpath for reproducibility.
+GOFLAGS ?= -mod=readonly
 export GOFLAGS
+BUILD_FLAGS ?= -trimpath
 
 PKGS         ?= ./...
 TEST_TIMEOUT ?= 12m
@@ -18,7 +20,7 @@ all: build
 
 build:
 	@if [ -d cmd ]; then \
-		mkdir -p bin && $(GO) build -o bin/ ./cmd/...; \
+		mkdir -p bin && $(GO) build $(BUILD_FLAGS) -o bin/ ./cmd/...; \
 	else \
 		echo "build: no cmd/ directory yet, nothing to build"; \
 	fi

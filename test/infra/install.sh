@@ -32,11 +32,15 @@ if [[ $(id -u) -ne 0 ]]; then
 	exit 1
 fi
 
+# Prints the packages that are not fully installed, one per line, with a
+# single dpkg-query call so the common all-present case stays fast.
 missing_packages() {
-	local pkg status
+	local installed
+	installed=$(dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n' "${packages[@]}" 2>/dev/null |
+		awk '$2 ~ /^ii/ { print $1 }' || true)
+	local pkg
 	for pkg in "${packages[@]}"; do
-		status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$pkg" 2>/dev/null || true)
-		if [[ $status != ii* ]]; then
+		if ! grep -qx -- "$pkg" <<<"$installed"; then
 			echo "$pkg"
 		fi
 	done

@@ -2,6 +2,8 @@ package realparts
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -88,10 +90,12 @@ func StartPostgres(t testing.TB) *Postgres {
 	}
 	initCtx, cancelInit := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancelInit()
-	out, err := asPostgres(initCtx, filepath.Join(binDir, "initdb"), "-D", p.DataDir, "-U", "postgres",
-		"--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync").CombinedOutput()
+	template, err := pgTemplate(initCtx, asPostgres, binDir, uid, gid)
 	if err != nil {
-		t.Fatalf("realparts: initdb: %v\n%s", err, out)
+		t.Fatalf("realparts: %v", err)
+	}
+	if out, err := exec.CommandContext(initCtx, "cp", "-a", template, p.DataDir).CombinedOutput(); err != nil {
+		t.Fatalf("realparts: copy template cluster: %v\n%s", err, out)
 	}
 	// Registered after newFamily, so it runs before the family's kill: a
 	// clean stop releases the server's shared memory.
@@ -127,4 +131,50 @@ func StartPostgres(t testing.TB) *Postgres {
 // with -X (no ~/.psqlrc) and ON_ERROR_STOP.
 func (p *Postgres) Psql(ctx context.Context, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, "psql", append([]string{"-X", "-v", "ON_ERROR_STOP=1", p.DSN}, args...)...)
+}
+
+// pgTemplate returns a freshly initialised data directory to copy, made
+// once per machine and PostgreSQL build: initdb costs a second or more
+// per test, a copy tens of milliseconds.
+func pgTemplate(ctx context.Context, asPostgres func(context.Context, ...string) *exec.Cmd, binDir string, uid, gid int) (string, error) {
+	initdb := filepath.Join(binDir, "initdb")
+	st, err := os.Stat(initdb)
+	if err != nil {
+		return "", fmt.Errorf("initdb: %w", err)
+	}
+	args := []string{"-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"}
+	key := sha256.Sum256(fmt.Appendf(nil, "%s %d %d %v", initdb, st.Size(), st.ModTime().UnixNano(), args))
+	base := os.TempDir()
+	dir := filepath.Join(base, "realparts-pgdata-"+hex.EncodeToString(key[:6]))
+	if _, err := os.Stat(filepath.Join(dir, "PG_VERSION")); err == nil {
+		return dir, nil
+	}
+	unlock, err := lockFile(filepath.Join(base, "realparts-pgdata.lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if _, err := os.Stat(filepath.Join(dir, "PG_VERSION")); err == nil {
+		return dir, nil // made by another test binary while we waited
+	}
+	work, err := os.MkdirTemp(base, "realparts-pgdata-new")
+	if err != nil {
+		return "", fmt.Errorf("template cluster: %w", err)
+	}
+	defer os.RemoveAll(work)
+	if err := os.Chmod(work, 0o755); err != nil {
+		return "", fmt.Errorf("template cluster: %w", err)
+	}
+	if err := os.Chown(work, uid, gid); err != nil {
+		return "", fmt.Errorf("template cluster: %w", err)
+	}
+	data := filepath.Join(work, "data")
+	if out, err := asPostgres(ctx, append([]string{initdb, "-D", data}, args...)...).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	// Rename is atomic: readers see a complete cluster or none.
+	if err := os.Rename(data, dir); err != nil {
+		return "", fmt.Errorf("template cluster: %w", err)
+	}
+	return dir, nil
 }

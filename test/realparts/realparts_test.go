@@ -2,6 +2,8 @@ package realparts
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -107,5 +109,67 @@ func TestRunsc(t *testing.T) {
 	out, err := exec.CommandContext(ctx, runsc, "--network=none", "do", "/bin/echo", "hello from gvisor").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "hello from gvisor" {
 		t.Fatalf("runsc do echo: %q, %v", out, err)
+	}
+}
+
+// TestSlurmClustersAreIndependentAndCleanedUp runs two clusters at once,
+// leaves a job running in one, and checks that the cluster's cleanup
+// killed the job's task along with slurmstepd and the daemons.
+func TestSlurmClustersAreIndependentAndCleanedUp(t *testing.T) {
+	t.Parallel()
+	var leftover []int
+	var marker string
+	t.Run("two clusters", func(t *testing.T) {
+		a, b := StartSlurm(t), StartSlurm(t)
+		if a.ConfPath == b.ConfPath || a.ClusterName == b.ClusterName {
+			t.Fatalf("clusters share a config: %s %s", a.ConfPath, b.ConfPath)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		// Started like code under test would: without the instance's
+		// marker, so only slurmstepd's ancestry ties the task to a.
+		job := exec.CommandContext(ctx, "srun", "--job-name=left-running", "sleep", "600")
+		job.Env = append(os.Environ(), a.Env()...)
+		if err := job.Start(); err != nil {
+			t.Fatalf("srun sleep: %v", err)
+		}
+		t.Cleanup(func() { _ = job.Wait() })
+		// Cluster b must not see cluster a's job.
+		err := poll(30*time.Second, 50*time.Millisecond, nil, func() error {
+			out, err := a.Command(ctx, "squeue", "-h", "-t", "RUNNING", "-o", "%j").Output()
+			if err != nil || strings.TrimSpace(string(out)) != "left-running" {
+				return fmt.Errorf("%w: squeue on a: %q %v", errNotYet, out, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := b.Command(ctx, "squeue", "-h", "-o", "%j").Output(); err != nil || strings.TrimSpace(string(out)) != "" {
+			t.Fatalf("squeue on b: %q, %v (want no jobs)", out, err)
+		}
+		if out, err := b.Command(ctx, "srun", "true").CombinedOutput(); err != nil {
+			t.Fatalf("srun on b while a is busy: %v: %s", err, out)
+		}
+		leftover = a.fam.members(nil)
+		marker = a.fam.marker
+		for _, pid := range leftover {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) == "sleep" {
+				return
+			}
+		}
+		t.Fatalf("the running job's task is not among the cluster's processes %v", leftover)
+	})
+	if len(leftover) == 0 {
+		return
+	}
+	for _, pid := range leftover {
+		if _, state, ok := procStat(pid); ok && state != 'Z' {
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			t.Errorf("process %d (%s) of the cluster outlived its test", pid, strings.TrimSpace(string(comm)))
+		}
+	}
+	if left := (&family{marker: marker}).members(nil); len(left) > 0 {
+		t.Errorf("processes carrying the cluster's marker outlived its test: %v", left)
 	}
 }

@@ -124,6 +124,11 @@ func StartSSHD(t testing.TB) *SSHD {
 			"PrintLastLog no",
 			"UseDNS no",
 			"AcceptEnv NYMPH_* LANG LC_*",
+			// Debian's bash sources ~/.bashrc for a top-level shell run by
+			// sshd, and root's .bashrc on these machines spends hundreds of
+			// milliseconds in pyenv init. Starting the session one level
+			// deep skips it, so latency measures ssh, not a dotfile.
+			"SetEnv SHLVL=1",
 			// Benchmarks open many connections and multiplexed sessions.
 			"MaxStartups 200",
 			"MaxSessions 200",
