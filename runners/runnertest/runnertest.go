@@ -45,6 +45,10 @@ type Caps struct {
 	// HostPIDs: the pids a function sees are this host's pids (false for
 	// containers and sandboxes), so a grandchild can also be checked by pid.
 	HostPIDs bool
+	// Sandboxed: the function's processes are invisible in this host's
+	// /proc (gVisor), so the suite can only check the host-side processes
+	// of the run, which name the scratch directory, and not the marker.
+	Sandboxed bool
 	// Concurrency is how many runs the concurrency scenario starts at once
 	// (default 20).
 	Concurrency int
@@ -506,8 +510,11 @@ func (s *suite) cancelKillsTree(t *testing.T) {
 	case <-time.After(s.caps.RunDeadline):
 		t.Fatalf("no READY within %s (output %q)", s.caps.RunDeadline, output.String())
 	}
-	if live, _ := procgroup.WithCmdline(marker); len(live) == 0 {
+	if live, _ := procgroup.WithCmdline(marker); len(live) == 0 && !s.caps.Sandboxed {
 		t.Fatalf("grandchild with marker %s not visible before cancel", marker)
+	}
+	if live, _ := procgroup.WithCmdline(spec.ScratchDir); len(live) == 0 {
+		t.Fatalf("no process names the scratch dir %s before cancel", spec.ScratchDir)
 	}
 	pid := readyPID(output.String())
 	cancel(errors.New("daemon shutdown grace expired"))
@@ -527,6 +534,9 @@ func (s *suite) cancelKillsTree(t *testing.T) {
 	}
 	if live, err := procgroup.WithCmdline(marker); err != nil || len(live) != 0 {
 		t.Fatalf("processes with marker still alive after Run returned: %v (%v)", live, err)
+	}
+	if live, err := procgroup.WithCmdline(spec.ScratchDir); err != nil || len(live) != 0 {
+		t.Fatalf("processes naming the scratch dir still alive after Run returned: %v (%v)", live, err)
 	}
 	if s.caps.HostPIDs {
 		if pid <= 0 {
