@@ -42,7 +42,6 @@ import (
 // Kind is the run_config.runner name of this runner.
 const Kind = "gvisor"
 
-
 // leftoverTimeout bounds the wait for sandbox processes that outlive runsc.
 const leftoverTimeout = 10 * time.Second
 
