@@ -47,13 +47,15 @@ missing_packages() {
 }
 
 mapfile -t missing < <(missing_packages)
-if [[ -x /usr/lib/postgresql/15/bin/initdb && -x /usr/lib/postgresql/15/bin/postgres && ${#missing[@]} -eq 0 ]]; then
-	echo "install.sh: all ${#packages[@]} packages present"
-	exit 0
+reinstall=()
+if [[ ! -x /usr/lib/postgresql/15/bin/initdb || ! -x /usr/lib/postgresql/15/bin/postgres ]]; then
+	# Marked installed but the server binaries are gone: reinstall it.
+	reinstall=(--reinstall)
+	[[ " ${missing[*]} " == *" postgresql-15 "* ]] || missing+=(postgresql-15)
 fi
 if [[ ${#missing[@]} -eq 0 ]]; then
-	# Package says installed but server binaries are gone: reinstall it.
-	missing=(postgresql-15)
+	echo "install.sh: all ${#packages[@]} packages present"
+	exit 0
 fi
 echo "install.sh: installing ${missing[*]}"
 
@@ -79,10 +81,12 @@ printf '#!/bin/sh\nexit 101\n' >"$policy"
 chmod 0755 "$policy"
 
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends \
+apt-get update -qq -o Acquire::Retries=3
+# Only the missing ones: naming installed packages would upgrade them.
+apt-get install -y -qq --no-install-recommends "${reinstall[@]}" \
+	-o Acquire::Retries=3 \
 	-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
-	"${packages[@]}" >/dev/null
+	"${missing[@]}" >/dev/null
 
 mapfile -t still_missing < <(missing_packages)
 if [[ ${#still_missing[@]} -gt 0 ]]; then
