@@ -30,8 +30,8 @@ type Slurm struct {
 	Partition   string
 	// MungeSocket is the private munged socket named in AuthInfo.
 	MungeSocket string
-	// Dir holds slurm.conf, the state and spool dirs, and the logs
-	// (munged.log, slurmctld.log, slurmd.log).
+	// Dir holds slurm.conf, the state and spool dirs and the logs
+	// (slurmctld.log, slurmd.log, munge/munged.log).
 	Dir string
 
 	fam   *family // slurmctld, slurmd, slurmstepd and jobs
