@@ -1,0 +1,18 @@
+// Package controlplane owns lakeshore's HTTP server: the daemon routes
+// (msgpack, as the protocol spec describes them from the daemon's side) and
+// the operator routes (JSON, the operatorapi contract), on top of a
+// store.Store — by default the SQLite file in the data directory.
+//
+// Everything a daemon or an operator could lose is in the store before the
+// request that created it is answered: a control plane killed at any moment
+// and restarted on the same data directory has every queued command and
+// every finished result. What is only in memory are the wake-ups: a
+// long-poll (a daemon's poll, an operator's wait on an exec) blocks on a
+// per-worker or per-exec channel that is closed the instant something it
+// waits for is written, never on a sleep loop.
+//
+// Commands are rows with a per-worker sequence number. A poll's cursor
+// acknowledges everything up to it, so a poll answer lost on the way is
+// delivered again; a daemon that sends no cursor gets the legacy
+// delete-on-delivery.
+package controlplane

@@ -1,0 +1,78 @@
+package controlplane
+
+import (
+	"net/http"
+	"time"
+
+	"nymph/operatorapi"
+	"nymph/store"
+)
+
+// Token lifetimes. An enrollment token is one-shot and short-lived by
+// default; a daemon token lives until revoked unless a TTL is given.
+const (
+	defaultEnrollTTL = time.Hour
+	maxTokenTTL      = 10 * 365 * 24 * time.Hour
+)
+
+// Secret prefixes: daemon bearer tokens and one-shot enrollment tokens.
+const (
+	daemonTokenPrefix = "dlt_"
+	enrollTokenPrefix = "dle_"
+)
+
+// handleCreateToken mints a token and returns its secret, which is stored
+// only as a sha256 and never shown again.
+func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(w, r, limitSmall)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	var req operatorapi.TokenRequest
+	if err := decodeJSON(body, &req); err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	if req.Kind == "" {
+		req.Kind = operatorapi.TokenDaemon
+	}
+	prefix := daemonTokenPrefix
+	switch req.Kind {
+	case operatorapi.TokenDaemon:
+	case operatorapi.TokenEnroll:
+		prefix = enrollTokenPrefix
+	default:
+		writeOperatorError(w, badField(http.StatusBadRequest, "kind", "must be %q or %q", operatorapi.TokenDaemon, operatorapi.TokenEnroll))
+		return
+	}
+	ttl := time.Duration(req.TTLS) * time.Second
+	if req.TTLS < 0 || ttl > maxTokenTTL || req.TTLS > int64(maxTokenTTL/time.Second) {
+		writeOperatorError(w, badField(http.StatusBadRequest, "ttlS", "must be between 0 and ten years in seconds"))
+		return
+	}
+	if len(req.Label) > 256 {
+		writeOperatorError(w, badField(http.StatusBadRequest, "label", "longer than 256 bytes"))
+		return
+	}
+	if req.Kind == operatorapi.TokenEnroll && ttl == 0 {
+		ttl = defaultEnrollTTL
+	}
+	now := s.now()
+	secret := newSecret(prefix)
+	t := store.Token{
+		ID: newULID(), Kind: req.Kind, Namespace: operatorapi.DefaultNamespace, Label: req.Label,
+		Hash: hashSecret(secret), CreatedAt: now,
+	}
+	if ttl > 0 {
+		exp := now.Add(ttl).UTC()
+		t.ExpiresAt = &exp
+	}
+	if err := s.st.CreateToken(r.Context(), t); err != nil {
+		s.log.Error().Err(err).Msg("create token")
+		writeOperatorError(w, err)
+		return
+	}
+	s.log.Info().Str("token_id", t.ID).Str("kind", t.Kind).Str("label", t.Label).Msg("token minted")
+	writeJSON(w, http.StatusCreated, operatorapi.TokenResponse{Token: secret, Kind: req.Kind, ExpiresAt: t.ExpiresAt})
+}

@@ -1,0 +1,64 @@
+package controlplane
+
+import "sync"
+
+// hub hands out wake-up channels by key ("w:<worker>", "e:<exec>"). A
+// broadcast closes the key's current channel, waking every subscriber at
+// once; the next subscriber gets a fresh one. Entries live only while
+// someone holds a subscription, so idle keys cost nothing.
+type hub struct {
+	mu sync.Mutex
+	m  map[string]*waiters
+}
+
+type waiters struct {
+	ch   chan struct{}
+	refs int
+}
+
+func newHub() *hub { return &hub{m: map[string]*waiters{}} }
+
+// subscribe returns a channel closed by the next broadcast on key, and a
+// release to call once the caller stops waiting on it.
+func (h *hub) subscribe(key string) (<-chan struct{}, func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.m[key]
+	if w == nil {
+		w = &waiters{ch: make(chan struct{})}
+		h.m[key] = w
+	}
+	w.refs++
+	var once sync.Once
+	return w.ch, func() {
+		once.Do(func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			w.refs--
+			if w.refs == 0 && h.m[key] == w {
+				delete(h.m, key)
+			}
+		})
+	}
+}
+
+// broadcast wakes everyone subscribed to key.
+func (h *hub) broadcast(key string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if w := h.m[key]; w != nil {
+		close(w.ch)
+		delete(h.m, key)
+	}
+}
+
+// size is the number of keys with subscribers, for tests.
+func (h *hub) size() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.m)
+}
+
+func workerKey(id string) string { return "w:" + id }
+
+func execKey(id string) string { return "e:" + id }
