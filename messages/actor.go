@@ -26,3 +26,48 @@ type Shutdown struct {
 
 // GraceExpired ends the shutdown grace: running work is killed and reported.
 type GraceExpired struct{}
+
+// Dispatch carries one decoded command from the poller to the root
+// supervisor, which routes it by the type of Body (the values DecodeCommand
+// returns). Hibernate and reset_backoff never leave the poller.
+type Dispatch struct {
+	CommandID string
+	Kind      string
+	Body      any
+}
+
+// Queued tells the execs, invocations or setup-queue actor that new work is
+// waiting in its store (the ledger or the setup FIFO). The store, not the
+// message, is the truth, so a lost Queued loses nothing.
+type Queued struct{}
+
+// SetupFinished is sent to the root when a setup script ended, so idle and
+// shutdown bookkeeping see it.
+type SetupFinished struct {
+	CommandID string
+}
+
+// Registered tells the root that hello succeeded.
+type Registered struct {
+	WorkerID    string
+	Provisional bool
+}
+
+// HelloRejected tells the root that the control plane refused this daemon:
+// start-up is aborted.
+type HelloRejected struct {
+	Code    string
+	Message string
+}
+
+// IdleExit tells the root that the idle policy (keep_alive_s) says stop.
+type IdleExit struct {
+	Reason string
+}
+
+// Abort stops one exec or run child now: its process group is killed (Hard)
+// or terminated with the kill grace, and the job is reported with Reason.
+type Abort struct {
+	Reason string
+	Hard   bool
+}

@@ -1,0 +1,315 @@
+package execs_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"nymph/actors/execs"
+	"nymph/messages"
+	"nymph/test/fakecp"
+	"nymph/uplink"
+)
+
+func newShell(t *testing.T, cp *fakecp.CP) *execs.Shell {
+	t.Helper()
+	if cp == nil {
+		cp = fakecp.New(t)
+	}
+	client, err := uplink.New(cp.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &execs.Shell{
+		Workdir:   t.TempDir(),
+		KillGrace: 200 * time.Millisecond,
+		Namespace: "default",
+		BaseEnv:   []string{"PATH=" + os.Getenv("PATH"), "FOO=base", "KEEP=kept"},
+		Server:    client,
+		Log:       zerolog.New(zerolog.NewTestWriter(t)),
+	}
+}
+
+func run(s *execs.Shell, e messages.Exec) *messages.ExecResult {
+	if e.ExecID == "" {
+		e.ExecID = "e1"
+	}
+	return s.Run(execs.NewGroup(s.KillGrace), &e)
+}
+
+func errString(r *messages.ExecResult) string {
+	if r.Error == nil {
+		return "<nil>"
+	}
+	return *r.Error
+}
+
+func TestExitCodeOutputEnvStdinWorkdir(t *testing.T) {
+	s := newShell(t, nil)
+	sub := filepath.Join(s.Workdir, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wd := "sub"
+	r := run(s, messages.Exec{
+		Command: `echo "$FOO $KEEP $EXTRA"; cat; pwd; shopt -q login_shell && echo login || echo nologin; echo oops >&2; exit 3`,
+		Env:     map[string]string{"FOO": "over", "EXTRA": "x"},
+		Stdin:   "from-stdin\n",
+		Workdir: &wd,
+	})
+	want := "over kept x\nfrom-stdin\n" + sub + "\nnologin\n"
+	if r.ExitCode != 3 || r.Stdout != want || r.Stderr != "oops\n" || r.Error != nil {
+		t.Fatalf("result %+v (error %s), want stdout %q", r, errString(r), want)
+	}
+	if r.ResultInline != nil || r.ResultRef != nil {
+		t.Fatal("result_inline/result_ref must be nil")
+	}
+}
+
+func TestDefaultWorkdirAndDuration(t *testing.T) {
+	s := newShell(t, nil)
+	r := run(s, messages.Exec{Command: "sleep 0.05; pwd"})
+	if r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != s.Workdir || r.DurationMs < 50 {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestTimeoutIsMinusTwoAndKillsAfterGrace(t *testing.T) {
+	s := newShell(t, nil)
+	timeout := 0.2
+	start := time.Now()
+	// The shell ignores SIGTERM: only the SIGKILL after the grace ends it.
+	r := run(s, messages.Exec{Command: `trap "" TERM; echo started; sleep 30 & wait; sleep 30`, TimeoutS: &timeout})
+	took := time.Since(start)
+	if r.ExitCode != messages.ExitTimeout || r.Stdout != "started\n" || !strings.Contains(errString(r), "timed out after 0.2s") {
+		t.Fatalf("%+v error=%s", r, errString(r))
+	}
+	if took < 350*time.Millisecond || took > 5*time.Second {
+		t.Fatalf("took %v: want timeout (200ms) + kill grace (200ms)", took)
+	}
+}
+
+func TestSpawnFailureIsMinusOne(t *testing.T) {
+	s := newShell(t, nil)
+	wd := "/nonexistent/dir"
+	r := run(s, messages.Exec{Command: "true", Workdir: &wd})
+	if r.ExitCode != messages.ExitFailed || !strings.HasPrefix(errString(r), "spawn failed: ") {
+		t.Fatalf("%+v error=%s", r, errString(r))
+	}
+}
+
+func TestSignalledIsMinusOne(t *testing.T) {
+	s := newShell(t, nil)
+	r := run(s, messages.Exec{Command: "kill -9 $$"})
+	if r.ExitCode != messages.ExitFailed || errString(r) != "killed by signal SIGKILL" {
+		t.Fatalf("%+v error=%s", r, errString(r))
+	}
+}
+
+func TestAbortBeforeSpawnStartsNothing(t *testing.T) {
+	s := newShell(t, nil)
+	marker := filepath.Join(s.Workdir, "ran")
+	g := execs.NewGroup(s.KillGrace)
+	g.Abort("cancelled", false)
+	r := s.Run(g, &messages.Exec{ExecID: "e", Command: "touch " + marker})
+	if r.ExitCode != messages.ExitFailed || errString(r) != "cancelled" {
+		t.Fatalf("%+v", r)
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatal("command ran after abort")
+	}
+}
+
+func TestAbortRunningKillsTheWholeGroup(t *testing.T) {
+	s := newShell(t, nil)
+	mark := "NYMPH_TEST_MARK=" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	k, v, _ := strings.Cut(mark, "=")
+	g := execs.NewGroup(s.KillGrace)
+	done := make(chan *messages.ExecResult)
+	ready := filepath.Join(s.Workdir, "ready")
+	go func() {
+		done <- s.Run(g, &messages.Exec{ExecID: "e", Command: "sleep 30 & sleep 30 & touch " + ready + "; wait", Env: map[string]string{k: v}})
+	}()
+	waitFor(t, func() bool { _, err := os.Stat(ready); return err == nil })
+	if n := len(liveWithEnv(mark)); n < 2 {
+		t.Fatalf("expected the shell and its sleeps alive, found %d", n)
+	}
+	g.Abort("exec actor stopped", true)
+	r := <-done
+	if r.ExitCode != messages.ExitFailed || errString(r) != "exec actor stopped" {
+		t.Fatalf("%+v", r)
+	}
+	waitFor(t, func() bool { return len(liveWithEnv(mark)) == 0 })
+}
+
+func TestBackgroundLeftoversAreKilledAtExit(t *testing.T) {
+	s := newShell(t, nil)
+	mark := "NYMPH_TEST_MARK=" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	k, v, _ := strings.Cut(mark, "=")
+	r := run(s, messages.Exec{Command: "sleep 30 >/dev/null 2>&1 & echo bye", Env: map[string]string{k: v}})
+	if r.ExitCode != 0 || r.Stdout != "bye\n" {
+		t.Fatalf("%+v", r)
+	}
+	waitFor(t, func() bool { return len(liveWithEnv(mark)) == 0 })
+}
+
+func TestTruncationStrings(t *testing.T) {
+	s := newShell(t, nil)
+	big := messages.OutputCap + 1000
+	cases := []struct {
+		cmd       string
+		err       string
+		out, errN int
+	}{
+		{fmt.Sprintf("head -c %d /dev/zero | tr '\\0' a", big), messages.ErrStdoutTruncated, messages.OutputCap, 0},
+		{fmt.Sprintf("head -c %d /dev/zero | tr '\\0' b >&2", big), messages.ErrStderrTruncated, 0, messages.OutputCap},
+		{fmt.Sprintf("head -c %d /dev/zero | tr '\\0' a; head -c %d /dev/zero | tr '\\0' b >&2", big, big), messages.ErrBothTruncated, messages.OutputCap, messages.OutputCap},
+	}
+	for _, c := range cases {
+		r := run(s, messages.Exec{Command: c.cmd})
+		if r.ExitCode != 0 || errString(r) != c.err || len(r.Stdout) != c.out || len(r.Stderr) != c.errN {
+			t.Errorf("%s: exit %d error %q stdout %d stderr %d", c.err, r.ExitCode, errString(r), len(r.Stdout), len(r.Stderr))
+		}
+	}
+	// exactly at the cap is not truncated
+	r := run(s, messages.Exec{Command: fmt.Sprintf("head -c %d /dev/zero | tr '\\0' a", messages.OutputCap)})
+	if r.Error != nil || len(r.Stdout) != messages.OutputCap {
+		t.Fatalf("at cap: %s %d", errString(r), len(r.Stdout))
+	}
+}
+
+func TestStreamingSurvivesFailingChunkEndpoint(t *testing.T) {
+	cp := fakecp.New(t)
+	cp.Fail(fakecp.RouteChunk, 2, 503)
+	s := newShell(t, cp)
+	var want bytes.Buffer
+	for i := 1; i <= 30; i++ {
+		fmt.Fprintf(&want, "line%d\n", i)
+	}
+	r := run(s, messages.Exec{
+		ExecID:  "stream-1",
+		Command: `for i in $(seq 1 30); do echo line$i; sleep 0.005; done`,
+		Log:     &messages.LogSink{StdoutURL: "/v1/daemon/exec/stream-1/chunk", FlushMs: 20, FlushBytes: 32},
+	})
+	if r.ExitCode != 0 || r.Stdout != "" || r.Stderr != "" || r.Error != nil {
+		t.Fatalf("%+v error=%s", r, errString(r))
+	}
+	if got := cp.Chunks("stream-1"); !bytes.Equal(got, want.Bytes()) {
+		t.Fatalf("chunks %q\nwant   %q", got, want.String())
+	}
+	failed, ok := 0, 0
+	for _, req := range cp.Requests() {
+		if req.Route == fakecp.RouteChunk {
+			if req.Status == 503 {
+				failed++
+			} else {
+				ok++
+			}
+			if req.Header.Get("Content-Type") != "application/octet-stream" {
+				t.Fatalf("chunk content type %q", req.Header.Get("Content-Type"))
+			}
+		}
+	}
+	if failed != 2 || ok < 1 {
+		t.Fatalf("chunk posts: %d failed, %d ok", failed, ok)
+	}
+}
+
+func TestStreamingMergesStderrAndEndpointDown(t *testing.T) {
+	cp := fakecp.New(t)
+	cp.Fail(fakecp.RouteChunk, 1000, 500)
+	s := newShell(t, cp)
+	r := run(s, messages.Exec{
+		ExecID:  "down",
+		Command: "echo out; echo err >&2; exit 4",
+		Log:     &messages.LogSink{StdoutURL: "/v1/daemon/exec/down/chunk", FlushMs: 10},
+	})
+	if r.ExitCode != 4 || r.Stdout != "" || r.Stderr != "" || r.Error != nil {
+		t.Fatalf("a dead chunk endpoint must not fail the exec: %+v %s", r, errString(r))
+	}
+}
+
+func TestPayloadInlineAndRef(t *testing.T) {
+	cp := fakecp.New(t)
+	s := newShell(t, cp)
+	r := run(s, messages.Exec{Command: `cat "$NYMPH_PAYLOAD"`, PayloadInline: messages.Bytes("inline-bytes")})
+	if r.ExitCode != 0 || r.Stdout != "inline-bytes" {
+		t.Fatalf("inline: %+v %s", r, errString(r))
+	}
+	data := []byte("referenced payload")
+	sum := sha256.Sum256(data)
+	good := hex.EncodeToString(sum[:])
+	cp.PutBlob("k1", data)
+	r = run(s, messages.Exec{Command: `cat "$NYMPH_PAYLOAD"`, PayloadRef: &messages.PayloadRef{Key: "k1", Size: uint64(len(data)), SHA256: &good}})
+	if r.ExitCode != 0 || r.Stdout != string(data) {
+		t.Fatalf("ref: %+v %s", r, errString(r))
+	}
+	matches, _ := filepath.Glob(filepath.Join(s.Workdir, "execs", "*"))
+	if len(matches) != 0 {
+		t.Fatalf("payload scratch left behind: %v", matches)
+	}
+}
+
+func TestPayloadSHA256MismatchSpawnsNothing(t *testing.T) {
+	cp := fakecp.New(t)
+	s := newShell(t, cp)
+	cp.PutBlob("k2", []byte("tampered"))
+	bad := strings.Repeat("0", 64)
+	marker := filepath.Join(s.Workdir, "spawned")
+	r := run(s, messages.Exec{Command: "touch " + marker, PayloadRef: &messages.PayloadRef{Key: "k2", SHA256: &bad}})
+	if r.ExitCode != messages.ExitFailed || !strings.Contains(errString(r), "sha256 mismatch") {
+		t.Fatalf("%+v %s", r, errString(r))
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatal("a child was spawned despite the mismatch")
+	}
+	r = run(s, messages.Exec{Command: "touch " + marker, PayloadRef: &messages.PayloadRef{Key: "missing"}})
+	if r.ExitCode != messages.ExitFailed || !strings.Contains(errString(r), "payload presign") {
+		t.Fatalf("missing blob: %+v %s", r, errString(r))
+	}
+}
+
+// liveWithEnv lists live (non-zombie) processes whose environment holds kv.
+func liveWithEnv(kv string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, []byte(kv+"\x00")) {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

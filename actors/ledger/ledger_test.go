@@ -1,0 +1,85 @@
+package ledger_test
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"nymph/actors/ledger"
+)
+
+func TestLifecycleAndExactlyOnce(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := ledger.New(func() time.Time { return now })
+	if !l.Accept(ledger.Exec, "e1", "body") || l.Accept(ledger.Exec, "e1", "again") {
+		t.Fatal("accept")
+	}
+	if !l.Accept(ledger.Run, "e1", "same id, other kind") {
+		t.Fatal("kinds must not collide")
+	}
+	if got := l.Unclaimed(ledger.Exec); len(got) != 1 || got[0].Body != "body" {
+		t.Fatalf("unclaimed %v", got)
+	}
+	if _, ok := l.Claim(ledger.Exec, "e1"); !ok {
+		t.Fatal("first claim")
+	}
+	if _, ok := l.Claim(ledger.Exec, "e1"); ok {
+		t.Fatal("second claim must fail")
+	}
+	if len(l.Unclaimed(ledger.Exec)) != 0 || l.Active() != 2 || l.Active(ledger.Exec) != 1 {
+		t.Fatal("counts")
+	}
+	var wins atomic.Int32
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if l.Complete(ledger.Exec, "e1") {
+				wins.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if wins.Load() != 1 || l.Reported() != 1 || l.Active(ledger.Exec) != 0 {
+		t.Fatalf("wins=%d reported=%d", wins.Load(), l.Reported())
+	}
+	if l.Accept(ledger.Exec, "e1", "replay") {
+		t.Fatal("a finished id must not be accepted again")
+	}
+}
+
+func TestRunningListsClaimedRunsWithTail(t *testing.T) {
+	l := ledger.New(nil)
+	l.Accept(ledger.Run, "r1", nil)
+	l.Accept(ledger.Run, "r2", nil)
+	l.Accept(ledger.Exec, "x", nil)
+	e, _ := l.Claim(ledger.Run, "r1")
+	_, _ = e.Tail.Write([]byte("hello "))
+	_, _ = e.Tail.Write([]byte("world"))
+	got := l.Running()
+	if len(got) != 1 || got[0].InvocationID != "r1" || got[0].State != "running" || got[0].StdoutTail != "hello world" || got[0].ExitCode != nil {
+		t.Fatalf("running = %+v", got)
+	}
+	if empty := ledger.New(nil).Running(); empty == nil {
+		t.Fatal("Running must never be nil")
+	}
+}
+
+func TestTailKeepsLast4KiBValidUTF8(t *testing.T) {
+	var tl ledger.Tail
+	_, _ = tl.Write([]byte(strings.Repeat("a", 5000)))
+	_, _ = tl.Write([]byte("é"))
+	s := tl.String()
+	if len(s) > ledger.TailSize || !strings.HasSuffix(s, "é") {
+		t.Fatalf("len %d suffix %q", len(s), s[len(s)-3:])
+	}
+	var cut ledger.Tail
+	_, _ = cut.Write([]byte(strings.Repeat("é", 3000))) // 6000 bytes; the cut lands inside a character
+	s = cut.String()
+	if strings.ContainsRune(s, '\uFFFD') || len(s) > ledger.TailSize {
+		t.Fatalf("bad tail start: %q", s[:4])
+	}
+}
