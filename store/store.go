@@ -98,7 +98,7 @@ type Commands interface {
 	// seq > after, in order, ending early after a hibernate (the daemon
 	// drops whatever follows one in a batch). They are marked delivered and
 	// their execs running; with ackNow they are acknowledged at once (the
-	// legacy delete-on-delivery).
+	// legacy delete-on-delivery). An unknown worker is ErrNotFound.
 	Take(ctx context.Context, workerID string, after int64, limit int, ackNow bool, now time.Time) ([]Command, error)
 	// ListCommands returns a worker's commands in sequence order.
 	ListCommands(ctx context.Context, workerID string) ([]Command, error)

@@ -55,6 +55,14 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int, ackNow bool, now time.Time) ([]store.Command, error) {
 	var out []store.Command
 	err := db.tx(ctx, func(tx *sql.Tx) error {
+		var one int
+		err := tx.QueryRowContext(ctx, `SELECT 1 FROM workers WHERE id = ?`, workerID).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return notFound("worker", workerID)
+		}
+		if err != nil {
+			return err
+		}
 		rows, err := tx.QueryContext(ctx, `SELECT id, worker_id, seq, kind, body, created_at, delivered_at, acked_at FROM commands
 			WHERE worker_id = ? AND acked_at IS NULL AND seq > ? ORDER BY seq LIMIT ?`, workerID, after, limit)
 		if err != nil {
