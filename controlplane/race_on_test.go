@@ -1,0 +1,5 @@
+//go:build race
+
+package controlplane
+
+func raceNote() string { return ", race detector on" }
