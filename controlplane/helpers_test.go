@@ -42,7 +42,7 @@ const (
 )
 
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	srv    *Server
 	hs     *httptest.Server
@@ -53,12 +53,12 @@ type env struct {
 
 type envOpt func(*Config)
 
-func newEnv(t *testing.T, opts ...envOpt) *env {
+func newEnv(t testing.TB, opts ...envOpt) *env {
 	t.Helper()
 	return newEnvIn(t, t.TempDir(), opts...)
 }
 
-func newEnvIn(t *testing.T, dir string, opts ...envOpt) *env {
+func newEnvIn(t testing.TB, dir string, opts ...envOpt) *env {
 	t.Helper()
 	e := &env{t: t, dir: dir, clock: &clock{t: time.Now().UTC().Truncate(time.Second)}, parked: make(chan string, 64)}
 	hs := httptest.NewUnstartedServer(nil)
