@@ -510,7 +510,11 @@ func (s *suite) cancelKillsTree(t *testing.T) {
 	case <-time.After(s.caps.RunDeadline):
 		t.Fatalf("no READY within %s (output %q)", s.caps.RunDeadline, output.String())
 	}
-	if live, _ := procgroup.WithCmdline(marker); len(live) == 0 && !s.caps.Sandboxed {
+	// READY can be printed before the forked grandchild has exec'd.
+	if !s.caps.Sandboxed && !eventually(s.caps.RunDeadline, func() bool {
+		live, _ := procgroup.WithCmdline(marker)
+		return len(live) > 0
+	}) {
 		t.Fatalf("grandchild with marker %s not visible before cancel", marker)
 	}
 	if live, _ := procgroup.WithCmdline(spec.ScratchDir); len(live) == 0 {
@@ -546,6 +550,18 @@ func (s *suite) cancelKillsTree(t *testing.T) {
 			t.Fatalf("grandchild pid %d still alive after Run returned", pid)
 		}
 	}
+}
+
+// eventually polls cond until it holds or limit passes.
+func eventually(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }
 
 func readyPID(out string) int {

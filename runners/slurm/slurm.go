@@ -1,0 +1,300 @@
+// Package slurm owns the "slurm" runner: an invocation runs as a SLURM job
+// through `srun`, named nymph-<invocation_id>. srun is used rather than
+// `sbatch --wait` because it returns as soon as the job ends (sbatch polls
+// at 2 s, then 10 s), and it streams the job's stdout and stderr back and
+// forwards the args on stdin.
+//
+// What runs is what the process runner runs: Spec.Script as
+// `bash <ScratchDir>/script`, or Function.Module with Function.Qualname as
+// argv[1]; Spec.AsUser wraps it in `runuser -u USER --` inside the job. The
+// protocol files stay in the scratch directory, so it must be on a
+// filesystem the compute nodes share with the daemon. The job's environment
+// is srun's: the daemon's own, Spec.Env, the runner's configured
+// environment (e.g. SLURM_CONF) and the protocol variables. The working
+// directory is Spec.Workdir (or the scratch directory) via --chdir.
+//
+// A timeout or a cancelled context cancels the job by name with scancel
+// (SLURM sends SIGTERM, then SIGKILL after the cluster's KillWait), kills
+// srun's own process group, and waits until squeue no longer lists the job.
+// A job whose processes ignore SIGTERM therefore takes KillWait and
+// slurmd's own completion polling (seconds) to go.
+package slurm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"nymph/runners"
+	"nymph/runners/procgroup"
+	"nymph/runners/protocol"
+)
+
+// Kind is the run_config.runner name of this runner.
+const Kind = "slurm"
+
+// goneTimeout bounds the wait for a cancelled job to leave squeue.
+const goneTimeout = 60 * time.Second
+
+// Runner runs invocations as SLURM jobs.
+type Runner struct {
+	log       zerolog.Logger
+	binDir    string
+	srunArgs  []string
+	env       map[string]string
+	killGrace time.Duration
+	bash      string
+	runuser   string
+}
+
+var _ runners.Runner = (*Runner)(nil)
+
+// Option configures a Runner.
+type Option func(*Runner)
+
+// WithBinDir sets the directory of srun, scancel and squeue (default:
+// found in PATH).
+func WithBinDir(dir string) Option {
+	return func(r *Runner) { r.binDir = dir }
+}
+
+// WithSrunArgs adds srun flags, e.g. "--partition=gpu".
+func WithSrunArgs(args ...string) Option {
+	return func(r *Runner) { r.srunArgs = append([]string(nil), args...) }
+}
+
+// WithEnv adds KEY=VALUE entries to the environment of every SLURM command
+// (srun, scancel, squeue), e.g. SLURM_CONF=/etc/slurm/other.conf. Entries
+// without '=' are ignored.
+func WithEnv(entries ...string) Option {
+	return func(r *Runner) {
+		for _, e := range entries {
+			if k, v, ok := strings.Cut(e, "="); ok && k != "" {
+				r.env[k] = v
+			}
+		}
+	}
+}
+
+// WithKillGrace sets how long a stopped run's srun gets between SIGTERM
+// and SIGKILL (default 5 s); the job's own processes follow the cluster's
+// KillWait.
+func WithKillGrace(d time.Duration) Option {
+	return func(r *Runner) {
+		if d > 0 {
+			r.killGrace = d
+		}
+	}
+}
+
+// New returns a slurm runner.
+func New(log zerolog.Logger, opts ...Option) *Runner {
+	r := &Runner{
+		log:       log.With().Str("runner", Kind).Logger(),
+		env:       map[string]string{},
+		killGrace: procgroup.DefaultKillGrace,
+		bash:      "bash",
+		runuser:   "runuser",
+	}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
+}
+
+// Kind implements runners.Runner.
+func (r *Runner) Kind() string { return Kind }
+
+// JobName is the SLURM job name of an invocation.
+func JobName(invocationID string) string {
+	return "nymph-" + strings.Map(func(c rune) rune {
+		if c <= ' ' || c == ',' || c == '"' || c == '\'' || c == '\\' || c == 0x7f {
+			return '-'
+		}
+		return c
+	}, invocationID)
+}
+
+func (r *Runner) bin(name string) (string, error) {
+	if r.binDir != "" {
+		name = filepath.Join(r.binDir, name)
+	}
+	return exec.LookPath(name)
+}
+
+// Run implements runners.Runner.
+func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, error) {
+	if spec.InvocationID == "" {
+		return protocol.Invalid("invocation_id is required for the slurm runner"), nil
+	}
+	if spec.Script == "" && spec.Function.Module == "" {
+		return protocol.Invalid("function.module is required for the slurm runner when no script is given"), nil
+	}
+	if err := protocol.CheckEnv(spec.Env); err != nil {
+		return protocol.Invalid(err.Error()), nil
+	}
+	srun, err := r.bin("srun")
+	if err != nil {
+		return runners.Outcome{}, fmt.Errorf("slurm runner: %w", err)
+	}
+	files, err := protocol.Prepare(spec)
+	if err != nil {
+		return runners.Outcome{}, fmt.Errorf("slurm runner: %w", err)
+	}
+	var command []string
+	if spec.Script != "" {
+		if err := protocol.WriteScript(files, spec.Script); err != nil {
+			return runners.Outcome{}, fmt.Errorf("slurm runner: %w", err)
+		}
+		command = []string{r.bash, files.Script}
+	} else {
+		command = []string{spec.Function.Module}
+		if spec.Function.Qualname != "" {
+			command = append(command, spec.Function.Qualname)
+		}
+	}
+	if spec.AsUser != "" {
+		if err := protocol.GiveTo(files, spec.AsUser); err != nil {
+			return protocol.Invalid(err.Error()), nil
+		}
+		command = append([]string{r.runuser, "-u", spec.AsUser, "--"}, command...)
+	}
+
+	name := JobName(spec.InvocationID)
+	workdir := protocol.Workdir(spec)
+	argv := []string{srun, "--job-name=" + name, "--ntasks=1", "--chdir=" + workdir, "--quiet"}
+	argv = append(argv, r.srunArgs...)
+	argv = append(argv, command...)
+
+	log := r.log.With().Str("invocation_id", spec.InvocationID).Str("job_name", name).Logger()
+	log.Debug().Strs("argv", argv).Msg("starting")
+	res, err := procgroup.Run(ctx, procgroup.Command{
+		Argv:      argv,
+		Env:       protocol.HostEnv(spec, files, r.env),
+		Dir:       workdir,
+		Stdin:     files.Args,
+		Output:    spec.Output,
+		Timeout:   spec.Timeout,
+		KillGrace: r.killGrace,
+		Stop:      func(ctx context.Context) error { return r.stopJob(ctx, name) },
+	})
+	if err != nil {
+		return runners.Outcome{}, fmt.Errorf("slurm runner: %w", err)
+	}
+	if res.Stopped != procgroup.NotStopped {
+		// srun stopped while it was still submitting may have left the job
+		// behind; make sure it is gone before reporting.
+		cleanCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), goneTimeout)
+		if err := r.cancelJob(cleanCtx, name); err != nil {
+			log.Error().Err(err).Msg("job left behind")
+		}
+		cancel()
+		if res.StopErr != nil {
+			log.Warn().Err(res.StopErr).Msg("cancelling job")
+		}
+	}
+	out := protocol.Collect(files, res, spec.Timeout)
+	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
+	return out, nil
+}
+
+// stopJob is the first response to a timeout or cancellation, while srun
+// is still running: cancel the job and give it the kill grace to leave
+// squeue. SLURM itself escalates from SIGTERM to SIGKILL after the
+// cluster's KillWait. Whatever is still listed afterwards is waited for by
+// cancelJob once srun is gone.
+func (r *Runner) stopJob(ctx context.Context, name string) error {
+	scancel, squeue, err := r.tools()
+	if err != nil {
+		return err
+	}
+	if out, err := r.cmd(ctx, scancel, "--name="+name).CombinedOutput(); err != nil {
+		return fmt.Errorf("scancel --name=%s: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	_, err = r.waitGone(ctx, squeue, name, time.Now().Add(r.killGrace))
+	return err
+}
+
+// cancelJob cancels the job by name, unless squeue no longer lists it,
+// and waits until it does not.
+func (r *Runner) cancelJob(ctx context.Context, name string) error {
+	scancel, squeue, err := r.tools()
+	if err != nil {
+		return err
+	}
+	if gone, err := r.waitGone(ctx, squeue, name, time.Now()); err != nil || gone {
+		return err
+	}
+	if out, err := r.cmd(ctx, scancel, "--name="+name).CombinedOutput(); err != nil {
+		return fmt.Errorf("scancel --name=%s: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(goneTimeout)
+	}
+	gone, err := r.waitGone(ctx, squeue, name, deadline)
+	if err != nil {
+		return err
+	}
+	if !gone {
+		return fmt.Errorf("job %s still listed by squeue", name)
+	}
+	return nil
+}
+
+func (r *Runner) tools() (scancel, squeue string, err error) {
+	if scancel, err = r.bin("scancel"); err != nil {
+		return "", "", err
+	}
+	if squeue, err = r.bin("squeue"); err != nil {
+		return "", "", err
+	}
+	return scancel, squeue, nil
+}
+
+// waitGone polls squeue until it lists no job of that name or the
+// deadline passes.
+func (r *Runner) waitGone(ctx context.Context, squeue, name string, deadline time.Time) (bool, error) {
+	pause := 10 * time.Millisecond
+	for {
+		out, err := r.cmd(ctx, squeue, "--noheader", "--name="+name, "--format=%i").Output()
+		if err != nil {
+			var exitErr *exec.ExitError
+			if errors.As(err, &exitErr) {
+				return false, fmt.Errorf("squeue: %w: %s", err, strings.TrimSpace(string(exitErr.Stderr)))
+			}
+			return false, fmt.Errorf("squeue: %w", err)
+		}
+		if strings.TrimSpace(string(out)) == "" {
+			return true, nil
+		}
+		if time.Now().After(deadline) {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(pause):
+		}
+		if pause < 200*time.Millisecond {
+			pause *= 2
+		}
+	}
+}
+
+func (r *Runner) cmd(ctx context.Context, bin string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	env := os.Environ()
+	for k, v := range r.env {
+		env = append(env, k+"="+v)
+	}
+	cmd.Env = env
+	return cmd
+}
