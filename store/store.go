@@ -80,7 +80,8 @@ type Workers interface {
 	// joining worker, or a setting_up one with no setup awaiting
 	// acknowledgement, becomes active.
 	RecordPoll(ctx context.Context, p Poll) (Worker, error)
-	// DeleteWorker removes one worker and its undelivered commands.
+	// DeleteWorker removes one worker and its command queue; its execs stay
+	// readable.
 	DeleteWorker(ctx context.Context, namespace, id string) error
 	// DeleteWorkersSeenBefore removes the namespace's workers last seen
 	// before t and returns their ids.
