@@ -1,0 +1,168 @@
+package procgroup_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"nymph/runners/procgroup"
+)
+
+func run(t *testing.T, ctx context.Context, c procgroup.Command) procgroup.Result {
+	t.Helper()
+	if c.Env == nil {
+		c.Env = os.Environ()
+	}
+	res, err := procgroup.Run(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestExitCodeAndStderrTail(t *testing.T) {
+	res := run(t, context.Background(), procgroup.Command{
+		Argv: []string{"sh", "-c", "echo one >&2; echo two >&2; exit 4"},
+	})
+	if res.ExitCode != 4 || res.Stopped != procgroup.NotStopped {
+		t.Fatalf("result %+v", res)
+	}
+	if got := string(res.StderrTail); got != "one\ntwo\n" {
+		t.Fatalf("stderr tail %q", got)
+	}
+}
+
+func TestStderrTailIsBounded(t *testing.T) {
+	res := run(t, context.Background(), procgroup.Command{
+		Argv: []string{"sh", "-c", "head -c 100000 /dev/zero | tr '\\0' x >&2; echo END >&2"},
+	})
+	if len(res.StderrTail) > 8<<10 || !strings.HasSuffix(string(res.StderrTail), "xEND\n") {
+		t.Fatalf("tail of %d bytes ending %q", len(res.StderrTail), res.StderrTail[len(res.StderrTail)-10:])
+	}
+}
+
+func TestStdinFromFile(t *testing.T) {
+	in := t.TempDir() + "/in"
+	if err := os.WriteFile(in, []byte("payload"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir() + "/out"
+	res := run(t, context.Background(), procgroup.Command{Argv: []string{"sh", "-c", "cat > " + out}, Stdin: in})
+	b, _ := os.ReadFile(out)
+	if res.ExitCode != 0 || string(b) != "payload" {
+		t.Fatalf("result %+v, stdin copy %q", res, b)
+	}
+}
+
+func TestCancelRunsStopHookThenKillsGroup(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	var stopped atomic.Bool
+	ready := make(chan struct{})
+	go func() {
+		<-ready
+		cancel(errors.New("why"))
+	}()
+	res := run(t, ctx, procgroup.Command{
+		Argv:      []string{"sh", "-c", "echo go; sleep 30"},
+		Output:    writerFunc(func(p []byte) { closeOnce(ready, p) }),
+		KillGrace: 200 * time.Millisecond,
+		Stop:      func(context.Context) error { stopped.Store(true); return nil },
+	})
+	if res.Stopped != procgroup.Cancelled || res.Cause == nil || res.Cause.Error() != "why" || !stopped.Load() {
+		t.Fatalf("result %+v, stop hook ran %v", res, stopped.Load())
+	}
+}
+
+func TestDoneContextStartsNothing(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	marker := t.TempDir() + "/started"
+	res := run(t, ctx, procgroup.Command{Argv: []string{"touch", marker}})
+	if res.Stopped != procgroup.Cancelled {
+		t.Fatalf("result %+v", res)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("command ran despite a done context")
+	}
+}
+
+// A process that leaves the group (setsid) keeps the output pipe open;
+// Run must still return, after a bounded drain.
+func TestEscapedProcessDoesNotHangRun(t *testing.T) {
+	marker := "procgroup-escape-" + t.Name()
+	t.Cleanup(func() {
+		pids, _ := procgroup.WithCmdline(marker)
+		for _, p := range pids {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
+	flag := t.TempDir() + "/escaped"
+	start := time.Now()
+	res := run(t, context.Background(), procgroup.Command{
+		Argv: []string{"sh", "-c", "setsid sh -c 'touch " + flag + "; sleep 30; :' " + marker +
+			" & while [ ! -e " + flag + " ]; do sleep 0.01; done; exit 0"},
+	})
+	if res.ExitCode != 0 {
+		t.Fatalf("result %+v", res)
+	}
+	if pids, _ := procgroup.WithCmdline(marker); len(pids) == 0 {
+		t.Fatal("the escaped process is gone; the test proves nothing")
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("Run took %s", el)
+	}
+}
+
+func TestMembersAndWaitGone(t *testing.T) {
+	cmd := []string{"sh", "-c", "sleep 30 & sleep 30"}
+	done := make(chan procgroup.Result, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		res, _ := procgroup.Run(ctx, procgroup.Command{Argv: cmd, Env: os.Environ(), KillGrace: time.Second})
+		done <- res
+	}()
+	// Find the group by its unusual command line.
+	var pgid int
+	deadline := time.Now().Add(10 * time.Second)
+	for pgid == 0 && time.Now().Before(deadline) {
+		pids, _ := procgroup.WithCmdline("sleep 30 & sleep 30")
+		if len(pids) == 1 {
+			pgid = pids[0]
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if pgid == 0 {
+		t.Fatal("leader not found")
+	}
+	for time.Now().Before(deadline) {
+		if m, _ := procgroup.Members(pgid); len(m) == 3 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if m, _ := procgroup.Members(pgid); len(m) != 3 {
+		t.Fatalf("members %v, want leader and two sleeps", m)
+	}
+	cancel()
+	<-done
+	if m, _ := procgroup.Members(pgid); len(m) != 0 {
+		t.Fatalf("members left: %v", m)
+	}
+}
+
+type writerFunc func(p []byte)
+
+func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
+
+func closeOnce(ch chan struct{}, _ []byte) {
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
