@@ -537,11 +537,10 @@ func (c *CP) take(req *messages.PollRequest) ([]messages.Command, int64) {
 		if len(batch) == c.maxBatch {
 			break
 		}
+		// Unlike the real store, the fake does not end a batch at a
+		// hibernate: tests need to see the daemon discard the rest.
 		batch = append(batch, q.cmd)
 		lastSeq = q.seq
-		if q.cmd.Kind == messages.KindHibernate {
-			break
-		}
 	}
 	if len(batch) > 0 && (!c.cursor || req.Cursor == nil) {
 		c.queue = c.queue[len(batch):]

@@ -1,0 +1,539 @@
+package actors_test
+
+import (
+	"errors"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"nymph/actors"
+	"nymph/actors/poller"
+	"nymph/messages"
+	"nymph/test/fakecp"
+)
+
+func TestHelloAndFirstPollWire(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	hello := h.cp.Hellos()[0]
+	if hello.MachineID != "m1" || hello.Label != "test box" || !reflect.DeepEqual(hello.Lanes, []string{"q1"}) ||
+		hello.Versions.Protocol == nil || *hello.Versions.Protocol != "1" || !reflect.DeepEqual(hello.Capabilities.Runners, []string{"process", "echo"}) {
+		t.Fatalf("hello = %+v", hello)
+	}
+	p := h.cp.Polls()[0]
+	if p.WorkerID != "w-fake" || p.Queue != "q1" || p.TimeoutS != 2.0 || p.Cursor == nil || *p.Cursor != "0" ||
+		p.Invocations == nil || len(p.Invocations) != 0 || p.UpdatedCapabilities != nil {
+		t.Fatalf("first poll = %+v", p)
+	}
+	for _, r := range h.cp.Requests() {
+		if r.Header.Get("Content-Type") != messages.ContentType || r.Header.Get("Accept") != messages.ContentType {
+			t.Fatalf("%s: headers %v", r.Route, r.Header)
+		}
+	}
+}
+
+func TestProvisionalWorkerIDWhenHelloGivesNone(t *testing.T) {
+	h := newHarness(t, setup{cpOpts: []fakecp.Option{fakecp.WithWorkerID(nil)}})
+	h.waitPolls(1)
+	if got := h.cp.Polls()[0].WorkerID; got != "m1-01PROVISIONAL" {
+		t.Fatalf("worker_id = %q", got)
+	}
+}
+
+func TestHelloRejectAbortsStartup(t *testing.T) {
+	h := newHarness(t, setup{cpOpts: []fakecp.Option{fakecp.WithHello(func(*messages.HelloRequest) messages.HelloResponse {
+		return messages.HelloResponse{Reject: &messages.Reject{Code: messages.RejectProtocolMismatch, Message: "speak v2"}}
+	})}})
+	err := h.wait(10 * time.Second)
+	var rej *actors.RejectError
+	if !errors.As(err, &rej) || rej.Code != "protocol_mismatch" || rej.Message != "speak v2" {
+		t.Fatalf("err = %v", err)
+	}
+	if n := len(h.cp.Polls()); n != 0 {
+		t.Fatalf("%d polls after a reject", n)
+	}
+}
+
+func TestHelloRetriedOnErrors(t *testing.T) {
+	h := newHarness(t, setup{cpOpts: []fakecp.Option{}, noStart: true})
+	h.cp.Fail(fakecp.RouteHello, 2, 502)
+	h.cp.Malform(fakecp.RouteHello, 1)
+	if err := h.d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h.waitPolls(1)
+	if n := h.cp.Count(fakecp.RouteHello); n != 4 {
+		t.Fatalf("hellos = %d", n)
+	}
+}
+
+func TestExecResultAndWakeAbandonsPoll(t *testing.T) {
+	h := newHarness(t, setup{
+		cpOpts:   []fakecp.Option{fakecp.WithMaxHold(60 * time.Second)},
+		settings: func(s *actors.Settings) { s.Poll.WaitMax = 20 * time.Second; s.Poll.RequestTimeout = 60 * time.Second },
+	})
+	h.waitPolls(1)
+	start := time.Now()
+	for i := range 5 {
+		id := "chain-" + string(rune('a'+i))
+		h.exec(id, "echo "+id)
+		r := h.cp.WaitResult(id, 10*time.Second)
+		if r.ExitCode != 0 || r.Stdout != id+"\n" {
+			t.Fatalf("%s: %+v", id, r)
+		}
+	}
+	// Each exec ends with a wake that abandons the held poll; the chain
+	// flows at completion speed, far below one wait_max_s (20 s).
+	if took := time.Since(start); took > 8*time.Second {
+		t.Fatalf("5 back-to-back execs took %v", took)
+	}
+	n := len(h.cp.Polls())
+	h.exec("last", "true")
+	h.cp.WaitResult("last", 5*time.Second)
+	h.cp.Wait(5*time.Second, "a poll after the exec finished", func() bool { return len(h.cp.Polls()) >= n+2 })
+}
+
+func TestExecSentinelsThroughTheDaemon(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	h.exec("ok", "echo out; echo err >&2; exit 7")
+	h.exec("timeout", "sleep 30", withTimeout(0.2))
+	wd := "/nonexistent"
+	h.exec("spawn", "true", func(e *messages.Exec) { e.Workdir = &wd })
+	h.exec("trunc", "head -c 1100000 /dev/zero | tr '\\0' x")
+	r := h.cp.WaitResult("ok", 10*time.Second)
+	if r.ExitCode != 7 || r.Stdout != "out\n" || r.Stderr != "err\n" || r.Error != nil {
+		t.Fatalf("ok: %+v", r)
+	}
+	r = h.cp.WaitResult("timeout", 10*time.Second)
+	if r.ExitCode != messages.ExitTimeout {
+		t.Fatalf("timeout: %+v %s", r, errOf(r))
+	}
+	r = h.cp.WaitResult("spawn", 10*time.Second)
+	if r.ExitCode != messages.ExitFailed || !strings.HasPrefix(errOf(r), "spawn failed") {
+		t.Fatalf("spawn: %+v %s", r, errOf(r))
+	}
+	r = h.cp.WaitResult("trunc", 10*time.Second)
+	if r.ExitCode != 0 || errOf(r) != messages.ErrStdoutTruncated || len(r.Stdout) != messages.OutputCap {
+		t.Fatalf("trunc: %d %s", r.ExitCode, errOf(r))
+	}
+}
+
+func TestStreamingExecWithFailingChunks(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	h.cp.Fail(fakecp.RouteChunk, 1, 500)
+	h.exec("s1", "for i in 1 2 3 4 5; do echo l$i; sleep 0.02; done", func(e *messages.Exec) {
+		e.Log = &messages.LogSink{StdoutURL: "/v1/daemon/exec/s1/chunk", FlushMs: 15, FlushBytes: 4}
+	})
+	r := h.cp.WaitResult("s1", 10*time.Second)
+	if r.ExitCode != 0 || r.Stdout != "" || r.Stderr != "" {
+		t.Fatalf("%+v", r)
+	}
+	if got := string(h.cp.Chunks("s1")); got != "l1\nl2\nl3\nl4\nl5\n" {
+		t.Fatalf("chunks %q", got)
+	}
+}
+
+func TestUnknownAndMalformedCommandsSkipped(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	h.cp.QueueRaw("u1", "teleport", []byte{0x80})
+	h.cp.QueueRaw("u2", messages.KindExec, []byte{0xa3, 'x', 'y', 'z'})                                 // a string, not a map
+	h.cp.QueueRaw("u3", messages.KindExec, []byte{0x81, 0xa7, 'e', 'x', 'e', 'c', '_', 'i', 'd', 0x05}) // exec_id an int
+	h.cp.QueueRaw("u4", messages.KindHibernate, []byte{0xc0})
+	h.cp.QueueRaw("u5", messages.KindSetup, []byte{0x81, 0xa6, 's', 'c', 'r', 'i', 'p', 't', 0xa0})
+	h.exec("after", "echo alive")
+	r := h.cp.WaitResult("after", 10*time.Second)
+	if r.Stdout != "alive\n" {
+		t.Fatalf("%+v", r)
+	}
+	if n := len(h.cp.Results()); n != 1 {
+		t.Fatalf("results = %d", n)
+	}
+	// a malformed poll response is backed off, not fatal
+	h.cp.Malform(fakecp.RoutePoll, 1)
+	h.exec("after2", "echo still")
+	h.cp.WaitResult("after2", 10*time.Second)
+}
+
+func TestOtaAndRotateKeyAreRoutedOrLogged(t *testing.T) {
+	got := make(chan *messages.Dispatch, 4)
+	probe := propsRecording(got)
+	h := newHarness(t, setup{opts: []actors.Option{actors.WithChild("keys", probe, messages.KindRotateKey)}})
+	h.waitPolls(1)
+	h.cp.QueueKind(messages.KindRotateKey, nil)
+	h.cp.QueueKind(messages.KindOtaUpdate, &messages.OtaUpdate{Version: "2", URL: "http://x/n", SHA256: strings.Repeat("a", 64)})
+	h.exec("e", "true")
+	h.cp.WaitResult("e", 10*time.Second)
+	select {
+	case d := <-got:
+		if d.Kind != messages.KindRotateKey {
+			t.Fatalf("routed %s", d.Kind)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("rotate_key not routed to the keys child")
+	}
+	select {
+	case d := <-got:
+		t.Fatalf("ota_update routed to keys: %+v", d)
+	default:
+	}
+}
+
+func TestCancelExecAndRun(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	h.exec("long", "echo started; sleep 30")
+	h.cp.QueueRun(messages.Run{InvocationID: "inv-long", Function: messages.FunctionRef{Module: "m", Qualname: "f"},
+		Script: ptr("sleep 30")})
+	eventually(t, 10*time.Second, "both running", func() bool {
+		return h.d.Ledger().Active() == 2 && len(h.d.Ledger().Running()) == 1
+	})
+	h.cp.QueueKind(messages.KindCancel, &messages.Cancel{ExecID: ptr("long")})
+	h.cp.QueueKind(messages.KindCancel, &messages.Cancel{InvocationID: ptr("inv-long")})
+	r := h.cp.WaitResult("long", 10*time.Second)
+	if r.ExitCode != messages.ExitFailed || errOf(r) != "cancelled" {
+		t.Fatalf("exec: %+v %s", r, errOf(r))
+	}
+	h.cp.Wait(10*time.Second, "ack", func() bool { return len(h.cp.Acks()) == 1 })
+	a := h.cp.Acks()[0]
+	if a.State != messages.StateKilled || a.Error == nil || a.Error.Type != "Cancelled" || a.Error.Message != "cancelled" || len(a.ResultBlob) != 0 {
+		t.Fatalf("ack %+v %+v", a, a.Error)
+	}
+}
+
+func TestRunAcks(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	h.cp.QueueRun(messages.Run{InvocationID: "echo-1", RunConfig: messages.RunConfig{Runner: ptr("echo")}, ArgsBlob: messages.Bytes("args!")})
+	h.cp.QueueRun(messages.Run{InvocationID: "bad-kind", RunConfig: messages.RunConfig{Runner: ptr("teleport")}})
+	h.cp.QueueRun(messages.Run{InvocationID: "default", Script: ptr(`printf done > "$NYMPH_RESULT_PATH"`)})
+	h.cp.QueueRun(messages.Run{InvocationID: "fails", Script: ptr("exit 3")})
+	h.cp.QueueRun(messages.Run{InvocationID: "tail", Script: ptr("echo tail-line; sleep 1")})
+	h.cp.Wait(15*time.Second, "5 acks", func() bool { return len(h.cp.Acks()) == 5 })
+	acks := map[string]messages.Ack{}
+	for _, a := range h.cp.Acks() {
+		acks[a.InvocationID] = a
+		if a.WorkerID != "w-fake" {
+			t.Errorf("%s: worker_id %q", a.InvocationID, a.WorkerID)
+		}
+	}
+	if a := acks["echo-1"]; a.State != "succeeded" || string(a.ResultBlob) != "args!" || a.Error != nil {
+		t.Errorf("echo: %+v", a)
+	}
+	if a := acks["bad-kind"]; a.State != "failed" || a.Error == nil || a.Error.Type != "DaemonError" || a.Error.Message != "unknown runner kind: teleport" {
+		t.Errorf("bad kind: %+v %+v", a, a.Error)
+	}
+	if a := acks["default"]; a.State != "succeeded" || string(a.ResultBlob) != "done" {
+		t.Errorf("default runner: %+v %+v", a, a.Error)
+	}
+	if a := acks["fails"]; a.State != "failed" || a.Error == nil || len(a.ResultBlob) != 0 {
+		t.Errorf("fails: %+v", a)
+	}
+	// While "tail" ran, some poll listed it with its stdout tail.
+	seen := false
+	for _, p := range h.cp.Polls() {
+		for _, inv := range p.Invocations {
+			if inv.InvocationID == "tail" && inv.State == "running" && strings.Contains(inv.StdoutTail, "tail-line") && inv.StartedAt > 0 {
+				seen = true
+			}
+		}
+	}
+	if !seen {
+		t.Error("no poll listed the running invocation with its stdout tail")
+	}
+}
+
+func TestHibernateDiscardsRestOfBatch(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	until := time.Now().Add(1500 * time.Millisecond)
+	e1, _ := messages.EncodeCommand("c1", messages.KindExec, &messages.Exec{ExecID: "before", Command: "true"})
+	hib, _ := messages.EncodeCommand("c2", messages.KindHibernate, &messages.Hibernate{UntilEpochS: messages.Epoch(until.Unix() + 1)})
+	e2, _ := messages.EncodeCommand("c3", messages.KindExec, &messages.Exec{ExecID: "discarded", Command: "true"})
+	h.cp.Queue(e1, hib, e2)
+	h.cp.WaitResult("before", 10*time.Second)
+	hibernatedAt := time.Now()
+	polls := len(h.cp.Polls())
+	h.cp.Wait(10*time.Second, "a poll after hibernation", func() bool { return len(h.cp.Polls()) > polls })
+	if woke := time.Now(); woke.Before(until) {
+		t.Fatalf("polled at %v, before the hibernate deadline %v (hibernated at %v)", woke, until, hibernatedAt)
+	}
+	h.exec("after", "true")
+	h.cp.WaitResult("after", 10*time.Second)
+	if _, ok := h.cp.Result("discarded"); ok {
+		t.Fatal("a command after hibernate in the same batch ran")
+	}
+}
+
+func TestPollErrorsBackOffWithJitter(t *testing.T) {
+	h := newHarness(t, setup{
+		noStart:  true,
+		settings: func(s *actors.Settings) {
+			s.Poll.RequestTimeout = 300 * time.Millisecond
+			s.Poll.WaitMax = 100 * time.Millisecond
+		},
+		deps: func(d *actors.Deps) {
+			d.Rand = func() float64 { return 0.5 }
+		},
+	})
+	h.cp.Fail(fakecp.RoutePoll, 4, 503)
+	if err := h.d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h.cp.Wait(10*time.Second, "a successful poll", func() bool {
+		for _, r := range h.cp.Requests() {
+			if r.Route == fakecp.RoutePoll && r.Status == 200 {
+				return true
+			}
+		}
+		return false
+	})
+	ms := time.Millisecond
+	// backoff 10, 20, 40, 40 ms (max 40) plus 0.5·min(backoff, 5 s)
+	want := []time.Duration{15 * ms, 30 * ms, 60 * ms, 60 * ms}
+	if got := h.d.PollerState().Delays(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("delays %v, want %v", got, want)
+	}
+	// success reset the backoff: a timeout starts again from retry_min
+	h.cp.Hang(fakecp.RoutePoll, 1)
+	h.cp.Wait(10*time.Second, "a delay after the timeout", func() bool { return len(h.d.PollerState().Delays()) == 5 })
+	if got := h.d.PollerState().Delays()[4]; got != 15*ms {
+		t.Fatalf("delay after reset = %v", got)
+	}
+}
+
+func TestBackoffFormulaBounds(t *testing.T) {
+	for _, r := range []float64{0, 0.25, 0.999999} {
+		b := poller.Backoff{Min: time.Second, Max: 60 * time.Second, Rand: func() float64 { return r }}
+		base := time.Second
+		for range 10 {
+			d := b.Next()
+			lo, hi := base, base+min(base, 5*time.Second)
+			if d < lo || d > hi {
+				t.Fatalf("rand %v: delay %v outside [%v, %v]", r, d, lo, hi)
+			}
+			base = min(base*2, 60*time.Second)
+		}
+		b.Reset()
+		if b.Current() != time.Second {
+			t.Fatal("reset")
+		}
+	}
+}
+
+func TestResetBackoffCommand(t *testing.T) {
+	h := newHarness(t, setup{deps: func(d *actors.Deps) { d.Rand = func() float64 { return 0 } }})
+	h.waitPolls(1)
+	h.cp.QueueKind(messages.KindResetBackoff, nil)
+	h.exec("e", "true")
+	h.cp.WaitResult("e", 10*time.Second)
+	h.cp.Fail(fakecp.RoutePoll, 1, 500)
+	h.exec("e2", "true")
+	h.cp.WaitResult("e2", 10*time.Second)
+	if d := h.d.PollerState().Delays(); len(d) != 1 || d[0] != 10*time.Millisecond {
+		t.Fatalf("delays %v", d)
+	}
+}
+
+func TestCursorAbandonedPollLosesNothing(t *testing.T) {
+	h := newHarness(t, setup{settings: func(s *actors.Settings) {
+		s.Poll.RequestTimeout = 400 * time.Millisecond
+		s.Poll.WaitMax = 200 * time.Millisecond
+	}})
+	h.waitPolls(1)
+	h.cp.DropPollResponses(1)
+	h.exec("x1", "echo once >> "+filepath.Join(h.workdir, "x1"))
+	h.exec("x2", "true")
+	h.cp.WaitResult("x1", 10*time.Second)
+	h.cp.WaitResult("x2", 10*time.Second)
+	// redelivered batches never run a command twice
+	h.exec("x3", "true")
+	h.cp.WaitResult("x3", 10*time.Second)
+	b, _ := os.ReadFile(filepath.Join(h.workdir, "x1"))
+	if string(b) != "once\n" {
+		t.Fatalf("x1 ran %q", b)
+	}
+	for id, rs := range h.cp.Results() {
+		if len(rs) != 1 {
+			t.Fatalf("%s reported %d times", id, len(rs))
+		}
+	}
+	// every poll echoed a cursor the server had sent (the hello's first)
+	for _, p := range h.cp.Polls() {
+		if p.Cursor == nil {
+			t.Fatal("a poll without the cursor")
+		}
+	}
+}
+
+func TestDuplicateCommandIDNotRerun(t *testing.T) {
+	h := newHarness(t, setup{cpOpts: []fakecp.Option{fakecp.WithLegacyCursor()}})
+	h.waitPolls(1)
+	f := filepath.Join(h.workdir, "dup")
+	cmd, _ := messages.EncodeCommand("same-id", messages.KindExec, &messages.Exec{ExecID: "d1", Command: "echo run >> " + f})
+	h.cp.Queue(cmd)
+	h.cp.WaitResult("d1", 10*time.Second)
+	h.cp.Queue(cmd)
+	other, _ := messages.EncodeCommand("other-id", messages.KindExec, &messages.Exec{ExecID: "d1", Command: "echo run >> " + f})
+	h.cp.Queue(other)
+	h.exec("d2", "true")
+	h.cp.WaitResult("d2", 10*time.Second)
+	if b, _ := os.ReadFile(f); string(b) != "run\n" {
+		t.Fatalf("ran %q", b)
+	}
+	if p := h.cp.Polls(); p[len(p)-1].Cursor != nil {
+		t.Fatal("a legacy server's null cursor must stay null")
+	}
+}
+
+func TestMaxInvocationsNoFreePermitNoPoll(t *testing.T) {
+	h := newHarness(t, setup{
+		cpOpts:   []fakecp.Option{fakecp.WithMaxBatch(1)},
+		settings: func(s *actors.Settings) { s.Poll.MaxInvocations = 1 },
+	})
+	h.waitPolls(1)
+	h.exec("p1", "sleep 0.5")
+	h.exec("p2", "true")
+	eventually(t, 10*time.Second, "p1 running", func() bool { return h.d.Ledger().Active() == 1 })
+	busyFrom := time.Now()
+	h.cp.WaitResult("p1", 10*time.Second)
+	busyTo := time.Now().Add(-100 * time.Millisecond)
+	h.cp.WaitResult("p2", 10*time.Second)
+	for _, r := range h.cp.Requests() {
+		if r.Route == fakecp.RoutePoll && r.At.After(busyFrom) && r.At.Before(busyTo) {
+			t.Fatalf("a poll went out at %v while the only permit was held (%v..%v)", r.At, busyFrom, busyTo)
+		}
+	}
+}
+
+func propsRecording(ch chan *messages.Dispatch) *actor.Props {
+	return actor.PropsFromFunc(func(c actor.Context) {
+		if d, ok := c.Message().(*messages.Dispatch); ok {
+			ch <- d
+		}
+	})
+}
+
+func TestIdleSingleJobExits(t *testing.T) {
+	h := newHarness(t, setup{settings: func(s *actors.Settings) { s.Poll.KeepAlive = 0 }})
+	h.waitPolls(1)
+	h.exec("only", "true")
+	if err := h.wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	h.cp.WaitResult("only", 5*time.Second)
+}
+
+func TestIdleSecondsExits(t *testing.T) {
+	start := time.Now()
+	h := newHarness(t, setup{settings: func(s *actors.Settings) { s.Poll.KeepAlive = 400 * time.Millisecond }})
+	if err := h.wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 400*time.Millisecond {
+		t.Fatalf("exited after %v", took)
+	}
+}
+
+func TestSetupFIFOSudoAndRefreshCapabilities(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	out := filepath.Join(h.workdir, "order")
+	for i, name := range []string{"one", "two", "three"} {
+		s := messages.Setup{Script: "sleep 0.05; echo " + name + " >> " + out, Name: ptr(name)}
+		if i == 1 {
+			s.Sudo = true
+			s.Script = "id -u >> " + out
+		}
+		if i == 2 {
+			s.RefreshCapabilities = true
+		}
+		h.cp.QueueSetup(s)
+	}
+	eventually(t, 10*time.Second, "setups done", func() bool { return h.d.SetupQueue().Idle() && h.d.SetupQueue().LastActivity().After(time.Time{}) })
+	b, _ := os.ReadFile(out)
+	if string(b) != "one\n0\nthree\n" {
+		t.Fatalf("order %q", b)
+	}
+	h.cp.Wait(10*time.Second, "updated capabilities", func() bool {
+		for _, p := range h.cp.Polls() {
+			if p.UpdatedCapabilities != nil {
+				return true
+			}
+		}
+		return false
+	})
+	h.exec("later", "true")
+	h.cp.WaitResult("later", 10*time.Second)
+	n := 0
+	for _, p := range h.cp.Polls() {
+		if p.UpdatedCapabilities != nil {
+			n++
+			if !reflect.DeepEqual(p.UpdatedCapabilities.Runners, []string{"process", "echo", "docker"}) {
+				t.Fatalf("caps %+v", p.UpdatedCapabilities)
+			}
+		}
+	}
+	if n != 1 {
+		t.Fatalf("updated_capabilities sent on %d polls, want exactly 1", n)
+	}
+}
+
+func TestShutdownGraceThenKill(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	mark := "NYMPH_SHUTDOWN_MARK=" + t.Name()
+	k, v, _ := strings.Cut(mark, "=")
+	h.exec("short", "sleep 0.3; echo finished", withEnv(k, v))
+	h.exec("long", "sleep 30", withEnv(k, v))
+	h.cp.QueueRun(messages.Run{InvocationID: "run-long", Script: ptr("sleep 30"), RunConfig: messages.RunConfig{Env: map[string]string{k: v}}})
+	eventually(t, 10*time.Second, "3 jobs running", func() bool { return len(liveWithEnv(mark)) >= 3 })
+	start := time.Now()
+	h.d.Shutdown(800 * time.Millisecond)
+	if err := h.wait(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if took < 800*time.Millisecond || took > 10*time.Second {
+		t.Fatalf("shutdown took %v with an 800ms grace", took)
+	}
+	if r := h.cp.WaitResult("short", 5*time.Second); r.ExitCode != 0 || r.Stdout != "finished\n" {
+		t.Fatalf("short job not allowed to finish in the grace: %+v", r)
+	}
+	r := h.cp.WaitResult("long", 5*time.Second)
+	if r.ExitCode != messages.ExitFailed || errOf(r) != messages.CancelledShutdownMessage {
+		t.Fatalf("long: %+v %s", r, errOf(r))
+	}
+	h.cp.Wait(5*time.Second, "ack", func() bool { return len(h.cp.Acks()) == 1 })
+	a := h.cp.Acks()[0]
+	if a.State != "killed" || a.Error == nil || a.Error.Type != "Cancelled" || a.Error.Message != "daemon shutdown grace expired" {
+		t.Fatalf("ack %+v %+v", a, a.Error)
+	}
+	eventually(t, 5*time.Second, "no process left", func() bool { return len(liveWithEnv(mark)) == 0 })
+	polls := len(h.cp.Polls())
+	if got := len(h.cp.Polls()); got != polls {
+		t.Fatal("still polling after shutdown")
+	}
+}
+
+func TestStopNowSkipsTheGrace(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	h.exec("long", "sleep 30")
+	eventually(t, 10*time.Second, "running", func() bool { return h.d.Ledger().Active() == 1 })
+	h.d.Shutdown(time.Hour)
+	h.d.StopNow()
+	if err := h.wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.cp.WaitResult("long", 5*time.Second); r.ExitCode != messages.ExitFailed {
+		t.Fatalf("%+v", r)
+	}
+}

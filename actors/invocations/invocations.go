@@ -1,0 +1,331 @@
+// Package invocations owns the `run` command: a parent actor with one child
+// per running invocation. The child picks the runner from the injected
+// registry by run_config.runner (the default runner only when that is
+// absent; an unknown kind fails the run with "unknown runner kind: X"),
+// feeds the runner's output into the ledger's stdout tail, and acks the
+// outcome at once through the outbox: succeeded with the result bytes,
+// failed or killed with a structured error.
+//
+// Exactly-once acks follow the same rules as execs: the ledger, outside the
+// actors, decides who reports; a child that is stopped or restarted cancels
+// its run, whose runner kills everything it started, and the run is acked
+// killed with type Cancelled.
+package invocations
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"nymph/actors/ledger"
+	"nymph/actors/payload"
+	"nymph/messages"
+	"nymph/runners"
+)
+
+// Reasons a run ends early; they become the Cancelled error's message.
+const (
+	ReasonCancelled = "cancelled"
+	ReasonStopped   = "invocation actor stopped"
+	ReasonRestarted = "invocation actor restarted after a crash"
+)
+
+// Acks takes finished run outcomes (the outbox).
+type Acks interface {
+	Ack(a *messages.Ack) error
+}
+
+// Deps is what the invocations actors share. It outlives every instance.
+type Deps struct {
+	Ledger *ledger.Ledger
+	// Runners maps run_config.runner to its implementation.
+	Runners       map[string]runners.Runner
+	DefaultRunner string
+	// Workdir holds each run's scratch directory.
+	Workdir   string
+	Acks      Acks
+	WorkerID  func() string
+	Payloads  payload.Store
+	Namespace string
+	Log       zerolog.Logger
+	Jobs      *sync.WaitGroup
+	// PropsOptions are added to every actor this package spawns.
+	PropsOptions []actor.PropsOption
+}
+
+// Props returns the props of the invocations parent.
+func Props(d *Deps) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &parent{d: d, children: map[string]*actor.PID{}}
+	}, append([]actor.PropsOption{actor.WithSupervisor(childStrategy)}, d.PropsOptions...)...)
+}
+
+var childStrategy = actor.NewOneForOneStrategy(1<<30, 0, actor.DefaultDecider)
+
+var plainName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
+
+// ChildName is the actor name of one run's child under the parent.
+func ChildName(invocationID string) string {
+	if plainName.MatchString(invocationID) {
+		return "run-" + invocationID
+	}
+	sum := sha256.Sum256([]byte(invocationID))
+	return "run-x" + hex.EncodeToString(sum[:12])
+}
+
+type parent struct {
+	d        *Deps
+	children map[string]*actor.PID
+	closing  bool
+}
+
+func (p *parent) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started, *messages.Queued:
+		p.spawnPending(ctx)
+	case *messages.RunFinished:
+		if pid, ok := p.children[m.InvocationID]; ok {
+			delete(p.children, m.InvocationID)
+			ctx.Stop(pid)
+		}
+		ctx.Send(ctx.Parent(), m)
+	case *messages.Cancel:
+		if m.InvocationID != nil {
+			p.abort(ctx, *m.InvocationID, ReasonCancelled)
+		}
+	case *messages.GraceExpired:
+		p.closing = true
+		for id := range p.children {
+			p.abort(ctx, id, messages.CancelledShutdownMessage)
+		}
+		p.spawnPending(ctx)
+	case *actor.Terminated:
+		for id, pid := range p.children {
+			if pid.Equal(m.Who) {
+				delete(p.children, id)
+			}
+		}
+	}
+}
+
+func (p *parent) spawnPending(ctx actor.Context) {
+	for _, e := range p.d.Ledger.Unclaimed(ledger.Run) {
+		if _, ok := p.children[e.ID]; ok {
+			continue
+		}
+		if p.closing {
+			p.reportUnstarted(ctx, e.ID, messages.CancelledShutdownMessage)
+			continue
+		}
+		props := actor.PropsFromProducer(func() actor.Actor {
+			return &child{d: p.d, id: e.ID}
+		}, p.d.PropsOptions...)
+		pid, err := ctx.SpawnNamed(props, ChildName(e.ID))
+		if err != nil {
+			p.d.Log.Error().Err(err).Str("invocation_id", e.ID).Msg("cannot spawn invocation actor")
+			p.reportUnstarted(ctx, e.ID, "spawn failed: "+err.Error())
+			continue
+		}
+		p.children[e.ID] = pid
+	}
+}
+
+func (p *parent) abort(ctx actor.Context, id, reason string) {
+	if pid, ok := p.children[id]; ok {
+		ctx.Send(pid, &messages.Abort{Reason: reason})
+		return
+	}
+	if _, ok := p.d.Ledger.Get(ledger.Run, id); ok {
+		p.reportUnstarted(ctx, id, reason)
+		return
+	}
+	p.d.Log.Info().Str("invocation_id", id).Msg("cancel for an invocation that is not running; ignored")
+}
+
+// reportUnstarted acks a run that never started as killed.
+func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
+	if _, ok := p.d.Ledger.Claim(ledger.Run, id); !ok {
+		return
+	}
+	ack := &messages.Ack{InvocationID: id, State: messages.StateKilled,
+		Error: &messages.AckError{Type: messages.ErrorTypeCancelled, Message: reason}}
+	sys, self := ctx.ActorSystem(), ctx.Self()
+	p.d.Jobs.Add(1)
+	go func() {
+		defer p.d.Jobs.Done()
+		p.d.report(sys, self, ack)
+	}()
+}
+
+type child struct {
+	d      *Deps
+	id     string
+	cancel context.CancelCauseFunc
+}
+
+func (c *child) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		e, ok := c.d.Ledger.Claim(ledger.Run, c.id)
+		if !ok {
+			return
+		}
+		body, _ := e.Body.(*messages.Run)
+		runCtx, cancel := context.WithCancelCause(context.Background())
+		c.cancel = cancel
+		sys, parent := ctx.ActorSystem(), ctx.Parent()
+		c.d.Jobs.Add(1)
+		go func() {
+			defer c.d.Jobs.Done()
+			defer cancel(nil)
+			var ack *messages.Ack
+			if body == nil {
+				ack = failed(c.id, "run body missing")
+			} else {
+				ack = c.d.execute(runCtx, body, e.Tail)
+			}
+			c.d.report(sys, parent, ack)
+		}()
+	case *messages.Abort:
+		c.stop(m.Reason)
+	case *actor.Stopping:
+		c.stop(ReasonStopped)
+	case *actor.Restarting:
+		c.stop(ReasonRestarted)
+	}
+}
+
+func (c *child) stop(reason string) {
+	if c.cancel != nil {
+		c.cancel(errors.New(reason))
+	}
+}
+
+// execute runs one invocation and builds its ack.
+func (d *Deps) execute(ctx context.Context, r *messages.Run, tail *ledger.Tail) *messages.Ack {
+	kind := d.DefaultRunner
+	if r.RunConfig.Runner != nil && *r.RunConfig.Runner != "" {
+		kind = *r.RunConfig.Runner
+	}
+	runner, ok := d.Runners[kind]
+	if !ok {
+		return failed(r.InvocationID, "unknown runner kind: "+kind)
+	}
+	args := []byte(r.ArgsBlob)
+	if r.PayloadRef != nil {
+		data, err := payload.Fetch(ctx, d.Payloads, d.Namespace, r.PayloadRef)
+		if err != nil {
+			if ctx.Err() != nil {
+				return cancelled(r.InvocationID, ctx)
+			}
+			return failed(r.InvocationID, err.Error())
+		}
+		args = data
+	}
+	scratch, err := scratchDir(d.Workdir, r.InvocationID)
+	if err != nil {
+		return failed(r.InvocationID, err.Error())
+	}
+	defer os.RemoveAll(scratch)
+	spec := runners.Spec{
+		InvocationID:       r.InvocationID,
+		ParentInvocationID: deref(r.ParentInvocationID),
+		RootInvocationID:   deref(r.RootInvocationID),
+		Function:           r.Function,
+		Script:             deref(r.Script),
+		AsUser:             deref(r.AsUser),
+		Args:               args,
+		Image:              r.RunConfig.Image,
+		Env:                r.RunConfig.Env,
+		Workdir:            r.RunConfig.Workdir,
+		ScratchDir:         scratch,
+		Output:             tail,
+	}
+	if t := r.RunConfig.TimeoutS; t > 0 && t < float64(math.MaxInt64/int64(time.Second)) {
+		spec.Timeout = time.Duration(t * float64(time.Second))
+	}
+	out, err := runner.Run(ctx, spec)
+	if ctx.Err() != nil {
+		return cancelled(r.InvocationID, ctx)
+	}
+	if err != nil {
+		return failed(r.InvocationID, err.Error())
+	}
+	ack := &messages.Ack{InvocationID: r.InvocationID, State: out.State, Error: out.Error}
+	switch out.State {
+	case messages.StateSucceeded:
+		ack.ResultBlob = messages.Bytes(out.Result)
+		ack.Error = nil
+	case messages.StateFailed, messages.StateKilled:
+		if ack.Error == nil {
+			ack.Error = &messages.AckError{Type: messages.ErrorTypeDaemon, Message: fmt.Sprintf("runner %s: %s with exit code %d", kind, out.State, out.ExitCode)}
+		}
+	default:
+		return failed(r.InvocationID, fmt.Sprintf("runner %s returned unknown state %q", kind, out.State))
+	}
+	return ack
+}
+
+// report hands an ack over exactly once and tells the parent.
+func (d *Deps) report(sys *actor.ActorSystem, parent *actor.PID, ack *messages.Ack) {
+	if !d.Ledger.Complete(ledger.Run, ack.InvocationID) {
+		d.Log.Warn().Str("invocation_id", ack.InvocationID).Msg("invocation already acked; duplicate dropped")
+		return
+	}
+	if d.WorkerID != nil {
+		ack.WorkerID = d.WorkerID()
+	}
+	ev := d.Log.Info().Str("invocation_id", ack.InvocationID).Str("state", ack.State)
+	if ack.Error != nil {
+		ev = ev.Str("error_type", ack.Error.Type).Str("error", ack.Error.Message)
+	}
+	ev.Msg("invocation finished")
+	if err := d.Acks.Ack(ack); err != nil {
+		d.Log.Error().Err(err).Str("invocation_id", ack.InvocationID).Msg("ack not stored")
+	}
+	sys.Root.Send(parent, &messages.RunFinished{InvocationID: ack.InvocationID})
+}
+
+func failed(id, msg string) *messages.Ack {
+	return &messages.Ack{InvocationID: id, State: messages.StateFailed,
+		Error: &messages.AckError{Type: messages.ErrorTypeDaemon, Message: msg}}
+}
+
+func cancelled(id string, ctx context.Context) *messages.Ack {
+	msg := ReasonCancelled
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		msg = cause.Error()
+	}
+	return &messages.Ack{InvocationID: id, State: messages.StateKilled,
+		Error: &messages.AckError{Type: messages.ErrorTypeCancelled, Message: msg}}
+}
+
+func scratchDir(workdir, id string) (string, error) {
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	name := ChildName(id) + "-" + hex.EncodeToString(rnd[:])
+	dir := filepath.Join(workdir, "runs", name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("scratch dir: %w", err)
+	}
+	return dir, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

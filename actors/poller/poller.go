@@ -1,0 +1,409 @@
+// Package poller owns the daemon's conversation with the control plane:
+// hello, then the long-poll loop, the spec's jittered backoff on errors, the
+// max_invocations permits (no free permit, no poll), the wake signal (a
+// finished job abandons the in-flight poll and polls at once), the cursor
+// (echo the last one received; never run a command id twice), hibernate,
+// reset_backoff and the idle policy.
+//
+// Nothing here blocks inside Receive: each request runs in a goroutine that
+// reports back with a message tagged by a sequence number, so the answer to
+// an abandoned request, or to a previous incarnation's, is recognised and
+// dropped. Timers are scheduler messages tagged the same way. What must
+// survive a crash (worker id, cursor, handled ids, backoff, hibernation)
+// lives in State, outside the actor instance.
+package poller
+
+import (
+	"context"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/scheduler"
+	"github.com/rs/zerolog"
+
+	"nymph/actors/ledger"
+	"nymph/messages"
+)
+
+// Server is the part of the control plane client the poller uses.
+type Server interface {
+	Hello(ctx context.Context, req *messages.HelloRequest) (*messages.HelloResponse, error)
+	Poll(ctx context.Context, req *messages.PollRequest) (*messages.PollResponse, error)
+}
+
+// Setups is what the poller needs to know of the setup queue.
+type Setups interface {
+	Idle() bool
+	LastActivity() time.Time
+}
+
+// Settings are the poller's knobs.
+type Settings struct {
+	// Hello is sent as is on first contact.
+	Hello messages.HelloRequest
+	// ProvisionalID is the worker id kept when hello returns none.
+	ProvisionalID string
+	Queue         string
+	// WaitMax is the poll's timeout_s.
+	WaitMax time.Duration
+	// RequestTimeout bounds one hello or poll request (default WaitMax + 30 s).
+	RequestTimeout time.Duration
+	// MaxInvocations is the number of permits; 0 is unbounded.
+	MaxInvocations int
+	// KeepAlive is the idle policy: < 0 never exit, 0 exit after the first
+	// job, > 0 exit after that long idle.
+	KeepAlive time.Duration
+}
+
+// Deps is everything the poller uses. It outlives every incarnation.
+type Deps struct {
+	Settings
+	Server Server
+	State  *State
+	Ledger *ledger.Ledger
+	Setups Setups
+	Log    zerolog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// PropsOptions are added to the actor's props.
+	PropsOptions []actor.PropsOption
+}
+
+// Props returns the props of the poller.
+func Props(d *Deps) *actor.Props {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.RequestTimeout <= 0 {
+		d.RequestTimeout = d.WaitMax + 30*time.Second
+	}
+	return actor.PropsFromProducer(func() actor.Actor { return &poller{d: d} }, d.PropsOptions...)
+}
+
+// Self-messages. seq/gen tie each one to the request or timer it answers.
+type (
+	helloDone struct {
+		seq  uint64
+		resp *messages.HelloResponse
+		err  error
+	}
+	pollDone struct {
+		seq         uint64
+		resp        *messages.PollResponse
+		err         error
+		capsVersion uint64
+	}
+	retry         struct{ gen uint64 }
+	hibernateOver struct{ gen uint64 }
+	idleCheck     struct{ gen uint64 }
+	repoll        struct{}
+)
+
+type poller struct {
+	d     *Deps
+	sched *scheduler.TimerScheduler
+
+	inflight    uint64
+	cancelReq   context.CancelFunc
+	pollingNow  bool // the in-flight request is a poll (not a hello)
+	retryGen    uint64
+	cancelRetry scheduler.CancelFunc
+	hibGen      uint64
+	cancelHib   scheduler.CancelFunc
+	idleGen     uint64
+	idleDue     time.Time
+	cancelIdle  scheduler.CancelFunc
+	stopped     bool
+	wakeQueued  bool
+}
+
+func (p *poller) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		p.sched = scheduler.NewTimerScheduler(ctx)
+		p.resume(ctx)
+	case *actor.Stopping, *actor.Restarting:
+		p.cancelAll()
+	case *messages.Shutdown:
+		if !p.stopped {
+			p.d.Log.Info().Msg("poller stopping: no more polls")
+		}
+		p.stopped = true
+		p.cancelAll()
+	case *messages.Wake:
+		// Coalesce a burst of wakes into one abandoned poll.
+		if !p.wakeQueued {
+			p.wakeQueued = true
+			ctx.Send(ctx.Self(), &repoll{})
+		}
+	case *repoll:
+		p.wakeQueued = false
+		if p.inflight != 0 && p.pollingNow {
+			p.abandon()
+		}
+		p.maybePoll(ctx)
+	case *helloDone:
+		p.helloDone(ctx, m)
+	case *pollDone:
+		p.pollDone(ctx, m)
+	case *retry:
+		if m.gen == p.retryGen {
+			p.retryGen, p.cancelRetry = 0, nil
+			p.resume(ctx)
+		}
+	case *hibernateOver:
+		if m.gen == p.hibGen {
+			p.hibGen, p.cancelHib = 0, nil
+			p.d.State.endHibernate(p.d.Now())
+			p.d.Log.Info().Msg("hibernation over; polling again")
+			p.resume(ctx)
+		}
+	case *idleCheck:
+		if m.gen == p.idleGen {
+			p.idleGen, p.cancelIdle, p.idleDue = 0, nil, time.Time{}
+			if !p.stopped && !p.idleExpired(ctx) {
+				p.maybePoll(ctx)
+			}
+		}
+	}
+}
+
+// resume continues wherever the daemon is: hibernating, saying hello, or
+// polling.
+func (p *poller) resume(ctx actor.Context) {
+	if p.stopped {
+		return
+	}
+	if until := p.d.State.hibernateUntil(); !until.IsZero() {
+		if d := until.Sub(p.d.Now()); d > 0 {
+			p.scheduleHibernate(ctx, d)
+			return
+		}
+		p.d.State.endHibernate(p.d.Now())
+	}
+	if !p.d.State.isRegistered() {
+		p.startHello(ctx)
+		return
+	}
+	p.maybePoll(ctx)
+}
+
+func (p *poller) busy() bool {
+	return p.stopped || p.inflight != 0 || p.retryGen != 0 || p.hibGen != 0
+}
+
+func (p *poller) maybePoll(ctx actor.Context) {
+	if p.busy() || !p.d.State.isRegistered() {
+		return
+	}
+	if p.idleExpired(ctx) {
+		return
+	}
+	if max := p.d.MaxInvocations; max > 0 && p.d.Ledger.Active() >= max {
+		// No free permit: no poll until a job ends and wakes us.
+		p.d.Log.Debug().Int("active", p.d.Ledger.Active()).Msg("no free permit; not polling")
+		return
+	}
+	p.startPoll(ctx)
+}
+
+func (p *poller) startHello(ctx actor.Context) {
+	seq := p.d.State.nextSeq()
+	req := p.d.Hello
+	rctx, cancel := context.WithTimeout(context.Background(), p.d.RequestTimeout)
+	p.inflight, p.cancelReq, p.pollingNow = seq, cancel, false
+	sys, self, server := ctx.ActorSystem(), ctx.Self(), p.d.Server
+	go func() {
+		defer cancel()
+		resp, err := server.Hello(rctx, &req)
+		sys.Root.Send(self, &helloDone{seq: seq, resp: resp, err: err})
+	}()
+}
+
+func (p *poller) helloDone(ctx actor.Context, m *helloDone) {
+	if m.seq != p.inflight {
+		return
+	}
+	p.inflight, p.cancelReq = 0, nil
+	if p.stopped {
+		return
+	}
+	if m.err != nil {
+		p.backOff(ctx, m.err, "hello failed")
+		return
+	}
+	if r := m.resp.Reject; r != nil {
+		p.d.Log.Error().Str("code", r.Code).Str("message", r.Message).Msg("hello rejected by the control plane")
+		p.stopped = true
+		ctx.Send(ctx.Parent(), &messages.HelloRejected{Code: r.Code, Message: r.Message})
+		return
+	}
+	id, provisional := p.d.ProvisionalID, true
+	if m.resp.WorkerID != nil && *m.resp.WorkerID != "" {
+		id, provisional = *m.resp.WorkerID, false
+	}
+	p.d.State.register(id, m.resp.Cursor)
+	p.d.State.resetBackoff()
+	p.d.Log.Info().Str("worker_id", id).Bool("provisional", provisional).Msg("hello accepted")
+	ctx.Send(ctx.Parent(), &messages.Registered{WorkerID: id, Provisional: provisional})
+	p.maybePoll(ctx)
+}
+
+func (p *poller) startPoll(ctx actor.Context) {
+	seq := p.d.State.nextSeq()
+	caps, version := p.d.State.pendingCaps()
+	req := &messages.PollRequest{
+		WorkerID:            p.d.State.WorkerID(),
+		Queue:               p.d.Queue,
+		TimeoutS:            p.d.WaitMax.Seconds(),
+		Cursor:              p.d.State.Cursor(),
+		Invocations:         p.d.Ledger.Running(),
+		UpdatedCapabilities: caps,
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), p.d.RequestTimeout)
+	p.inflight, p.cancelReq, p.pollingNow = seq, cancel, true
+	sys, self, server := ctx.ActorSystem(), ctx.Self(), p.d.Server
+	go func() {
+		defer cancel()
+		resp, err := server.Poll(rctx, req)
+		sys.Root.Send(self, &pollDone{seq: seq, resp: resp, err: err, capsVersion: version})
+	}()
+}
+
+func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
+	if m.seq != p.inflight {
+		return // abandoned or from a previous incarnation
+	}
+	p.inflight, p.cancelReq = 0, nil
+	if p.stopped {
+		return
+	}
+	if m.err != nil {
+		p.backOff(ctx, m.err, "poll failed")
+		return
+	}
+	p.d.State.resetBackoff()
+	p.d.State.capsShipped(m.capsVersion)
+	cmds := m.resp.Commands
+	for i, c := range cmds {
+		if !p.d.State.firstTime(c.ID) {
+			p.d.Log.Info().Str("command_id", c.ID).Str("kind", c.Kind).Msg("command already handled; skipped")
+			continue
+		}
+		switch b := messages.DecodeCommand(c).(type) {
+		case messages.Unknown:
+			p.d.Log.Warn().Str("command_id", b.ID).Str("kind", b.Kind).Str("reason", b.Reason).Msg("command skipped")
+		case messages.ResetBackoff:
+			p.d.State.resetBackoff()
+			p.d.Log.Info().Str("command_id", c.ID).Msg("backoff reset")
+		case *messages.Hibernate:
+			if rest := len(cmds) - i - 1; rest > 0 {
+				p.d.Log.Warn().Int("discarded", rest).Msg("hibernate: rest of the batch discarded")
+			}
+			p.d.State.setCursor(cursorOr(m.resp.Cursor, p.d.State.Cursor()))
+			p.hibernate(ctx, b)
+			return
+		default:
+			ctx.Send(ctx.Parent(), &messages.Dispatch{CommandID: c.ID, Kind: c.Kind, Body: b})
+		}
+	}
+	p.d.State.setCursor(cursorOr(m.resp.Cursor, p.d.State.Cursor()))
+	p.maybePoll(ctx)
+}
+
+// cursorOr keeps the last cursor received when a response carries none.
+func cursorOr(c, last *string) *string {
+	if c != nil {
+		return c
+	}
+	return last
+}
+
+func (p *poller) hibernate(ctx actor.Context, h *messages.Hibernate) {
+	until := time.Unix(int64(h.UntilEpochS), 0)
+	d := until.Sub(p.d.Now())
+	p.d.Log.Info().Time("until", until).Dur("for", max(d, 0)).Msg("hibernating")
+	if d <= 0 {
+		p.d.State.endHibernate(p.d.Now())
+		p.maybePoll(ctx)
+		return
+	}
+	p.d.State.setHibernate(until)
+	p.scheduleHibernate(ctx, d)
+}
+
+func (p *poller) scheduleHibernate(ctx actor.Context, d time.Duration) {
+	p.hibGen = p.d.State.nextSeq()
+	p.cancelHib = p.sched.SendOnce(d, ctx.Self(), &hibernateOver{gen: p.hibGen})
+}
+
+func (p *poller) backOff(ctx actor.Context, err error, what string) {
+	d := p.d.State.nextDelay()
+	p.d.Log.Warn().Err(err).Dur("retry_in", d).Msg(what)
+	p.retryGen = p.d.State.nextSeq()
+	p.cancelRetry = p.sched.SendOnce(d, ctx.Self(), &retry{gen: p.retryGen})
+}
+
+// idleExpired applies keep_alive_s; when it says stop, it tells the root
+// and stops polling.
+func (p *poller) idleExpired(ctx actor.Context) bool {
+	ka := p.d.KeepAlive
+	if ka < 0 || p.d.Ledger.Active() > 0 || !p.d.Setups.Idle() {
+		return false
+	}
+	reason := ""
+	if ka == 0 {
+		if p.d.Ledger.Reported() == 0 {
+			return false
+		}
+		reason = "single-job daemon finished its job"
+	} else {
+		last := latest(p.d.Ledger.LastActivity(), p.d.Setups.LastActivity(), p.d.State.idleStart())
+		due := last.Add(ka)
+		if wait := due.Sub(p.d.Now()); wait > 0 {
+			if p.idleGen == 0 || !p.idleDue.Equal(due) {
+				if p.cancelIdle != nil {
+					p.cancelIdle()
+				}
+				p.idleGen, p.idleDue = p.d.State.nextSeq(), due
+				p.cancelIdle = p.sched.SendOnce(wait, ctx.Self(), &idleCheck{gen: p.idleGen})
+			}
+			return false
+		}
+		reason = "idle for keep_alive_s"
+	}
+	p.d.Log.Info().Str("reason", reason).Msg("idle policy: daemon exits")
+	p.stopped = true
+	p.cancelAll()
+	ctx.Send(ctx.Parent(), &messages.IdleExit{Reason: reason})
+	return true
+}
+
+// abandon cancels the in-flight request; its answer will be stale.
+func (p *poller) abandon() {
+	if p.cancelReq != nil {
+		p.cancelReq()
+	}
+	p.inflight, p.cancelReq = 0, nil
+}
+
+func (p *poller) cancelAll() {
+	p.abandon()
+	for _, c := range []scheduler.CancelFunc{p.cancelRetry, p.cancelHib, p.cancelIdle} {
+		if c != nil {
+			c()
+		}
+	}
+	p.retryGen, p.hibGen, p.idleGen = 0, 0, 0
+	p.cancelRetry, p.cancelHib, p.cancelIdle = nil, nil, nil
+}
+
+func latest(ts ...time.Time) time.Time {
+	var out time.Time
+	for _, t := range ts {
+		if t.After(out) {
+			out = t
+		}
+	}
+	return out
+}
