@@ -274,7 +274,7 @@ func TestHibernateDiscardsRestOfBatch(t *testing.T) {
 
 func TestPollErrorsBackOffWithJitter(t *testing.T) {
 	h := newHarness(t, setup{
-		noStart:  true,
+		noStart: true,
 		settings: func(s *actors.Settings) {
 			s.Poll.RequestTimeout = 300 * time.Millisecond
 			s.Poll.WaitMax = 100 * time.Millisecond

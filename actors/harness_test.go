@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -74,7 +76,7 @@ func newHarness(t *testing.T, s setup) *harness {
 	if level == 0 {
 		level = zerolog.InfoLevel
 	}
-	log := zerolog.New(zerolog.NewTestWriter(t)).Level(level).With().Timestamp().Logger()
+	log := zerolog.New(newTestLog(t)).Level(level).With().Timestamp().Logger()
 	workdir := t.TempDir()
 	ob, err := outbox.Open(filepath.Join(workdir, "outbox"), client, log, outbox.WithBackoff(10*time.Millisecond, 100*time.Millisecond))
 	if err != nil {
@@ -228,4 +230,31 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// testLog writes to t.Log until the test's cleanup, then drops: actor
+// timers may still fire into dead letters after the daemon stopped.
+type testLog struct {
+	mu   sync.Mutex
+	t    testing.TB
+	live bool
+}
+
+func newTestLog(t testing.TB) *testLog {
+	l := &testLog{t: t, live: true}
+	t.Cleanup(func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.live = false
+	})
+	return l
+}
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.live {
+		l.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
 }

@@ -1,7 +1,9 @@
 // Package poller owns the daemon's conversation with the control plane:
 // hello, then the long-poll loop, the spec's jittered backoff on errors, the
 // max_invocations permits (no free permit, no poll), the wake signal (a
-// finished job abandons the in-flight poll and polls at once), the cursor
+// finished job abandons the in-flight poll and polls at once; with a legacy
+// server, which deletes commands as it delivers them, an in-flight poll is
+// never abandoned), the cursor
 // (echo the last one received; never run a command id twice), hibernate,
 // reset_backoff and the idle policy.
 //
@@ -138,7 +140,11 @@ func (p *poller) Receive(ctx actor.Context) {
 		}
 	case *repoll:
 		p.wakeQueued = false
-		if p.inflight != 0 && p.pollingNow {
+		// Only a server that speaks the cursor keeps the commands of an
+		// abandoned poll; a legacy one deleted them when it answered, so
+		// with it the in-flight poll is left to return on its own (the
+		// server ends it as soon as there is work).
+		if p.inflight != 0 && p.pollingNow && p.d.State.Cursor() != nil {
 			p.abandon()
 		}
 		p.maybePoll(ctx)
