@@ -124,11 +124,11 @@ func (s *Server) handleQueueExec(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	wk, ok := pickWorker(all, open, req.Queue, s.now())
+	wk, ok := s.pickWorker(all, open, req.Queue, s.now())
 	if !ok {
 		writeOperatorError(w, badField(http.StatusConflict, "queue",
 			"no eligible worker in queue %q: none of the %d workers in namespace %q is active, seen in the last %v, awake, and a member",
-			req.Queue, len(all), ns, operatorapi.StaleAfter))
+			req.Queue, len(all), ns, s.staleAfter))
 		return
 	}
 	s.submitExec(w, r, wk, req)
@@ -137,10 +137,10 @@ func (s *Server) handleQueueExec(w http.ResponseWriter, r *http.Request) {
 // pickWorker routes to the least busy eligible worker: not gone, not stale,
 // active, not hibernating, and a member of queue (by its queues, or by the
 // queue it polls). Ties go to the most recently seen, then the smallest id.
-func pickWorker(all []store.Worker, open map[string]int, queue string, now time.Time) (store.Worker, bool) {
+func (s *Server) pickWorker(all []store.Worker, open map[string]int, queue string, now time.Time) (store.Worker, bool) {
 	var cands []store.Worker
 	for _, w := range all {
-		if derivedState(w, now) != store.StateActive {
+		if s.derivedState(w, now) != store.StateActive {
 			continue
 		}
 		if w.HibernatingUntil != nil && w.HibernatingUntil.After(now) {

@@ -61,21 +61,21 @@ func (s *Server) resolveWorker(r *http.Request) (store.Worker, error) {
 }
 
 // derivedState is the stored state, or stale when the worker has not been
-// seen for operatorapi.StaleAfter.
-func derivedState(w store.Worker, now time.Time) string {
-	if w.State != store.StateGone && now.Sub(w.LastSeenAt) > operatorapi.StaleAfter {
+// seen for the stale window (operatorapi.StaleAfter unless configured).
+func (s *Server) derivedState(w store.Worker, now time.Time) string {
+	if w.State != store.StateGone && now.Sub(w.LastSeenAt) > s.staleAfter {
 		return operatorapi.StateStale
 	}
 	return w.State
 }
 
-func workerView(w store.Worker, now time.Time) operatorapi.Worker {
+func (s *Server) workerView(w store.Worker, now time.Time) operatorapi.Worker {
 	v := operatorapi.Worker{
 		ID:          w.ID,
 		Namespace:   w.Namespace,
 		MachineID:   w.MachineID,
 		Label:       w.Label,
-		State:       derivedState(w, now),
+		State:       s.derivedState(w, now),
 		StoredState: w.State,
 		Tags:        w.Tags,
 		Queues:      w.Queues,
@@ -118,7 +118,7 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
 	now := s.now()
 	out := operatorapi.WorkerList{Workers: make([]operatorapi.Worker, 0, len(all))}
 	for _, wk := range all {
-		out.Workers = append(out.Workers, workerView(wk, now))
+		out.Workers = append(out.Workers, s.workerView(wk, now))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -129,7 +129,7 @@ func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, workerView(wk, s.now()))
+	writeJSON(w, http.StatusOK, s.workerView(wk, s.now()))
 }
 
 // handleKillWorker removes the row. No cloud provider is configured, so
@@ -207,7 +207,7 @@ func (s *Server) handleCleanup(w http.ResponseWriter, r *http.Request) {
 			wk = store.Worker{ID: id, Namespace: ns, State: store.StateGone, Tags: []string{}, Queues: []string{},
 				Capabilities: store.Capabilities{Runners: []string{}}}
 		}
-		out.Deleted = append(out.Deleted, workerView(wk, now))
+		out.Deleted = append(out.Deleted, s.workerView(wk, now))
 		if !req.DryRun {
 			s.wake.broadcast(workerKey(id))
 		}

@@ -46,6 +46,9 @@ type Config struct {
 	// Now is the clock; nil means time.Now. Stale derivation, deadlines and
 	// timestamps all read it.
 	Now func() time.Time
+	// StaleAfter is how long a worker may go unseen before it reads back
+	// stale; zero means operatorapi.StaleAfter. Tests shorten it.
+	StaleAfter time.Duration
 }
 
 // Caps on how long one request may wait for something to happen.
@@ -61,6 +64,7 @@ type Server struct {
 	log               zerolog.Logger
 	st                store.Store
 	now               func() time.Time
+	staleAfter        time.Duration
 	adminToken        string
 	adminTokenCreated bool
 	daemonToken       string
@@ -131,12 +135,16 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{
 		log:         cfg.Logger,
 		now:         cfg.Now,
+		staleAfter:  cfg.StaleAfter,
 		daemonToken: cfg.DaemonToken,
 		addr:        cfg.Addr,
 		wake:        newHub(),
 		pollCap:     maxPollWait,
 		waitCap:     maxExecWait,
 		closing:     make(chan struct{}),
+	}
+	if s.staleAfter <= 0 {
+		s.staleAfter = operatorapi.StaleAfter
 	}
 	if s.now == nil {
 		s.now = time.Now
