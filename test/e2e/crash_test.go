@@ -1,0 +1,82 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"nymph/operatorapi"
+	"nymph/test/harness"
+)
+
+// A control plane killed with SIGKILL while commands are queued and execs
+// are running loses no command and runs none twice; the daemon reconnects
+// by itself.
+func TestControlPlaneCrashLosesNothing(t *testing.T) {
+	t.Parallel()
+	cp := harness.StartControlPlane(t, harness.CPOptions{})
+	cp.StartDaemon(t, harness.DaemonOptions{Label: "survivor"})
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "ran.log")
+	gate := filepath.Join(dir, "gate")
+
+	running := startExec(t, cp, "survivor", fmt.Sprintf(`echo start >> %[1]s; while [ ! -e %[2]s ]; do sleep 0.02; done; echo long >> %[1]s`, logf, gate))
+	harness.WaitFor(t, 30*time.Second, "the long exec to start", func() bool {
+		b, _ := os.ReadFile(logf)
+		return strings.Contains(string(b), "start")
+	})
+	ids := []string{running.ExecID}
+	for i := 0; i < 8; i++ {
+		acc := startExec(t, cp, "survivor", fmt.Sprintf("echo quick-%d >> %s", i, logf))
+		ids = append(ids, acc.ExecID)
+	}
+	cp.Kill()
+	// The long exec finishes while nobody is there to take its result.
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 30*time.Second, "the long exec to finish on the daemon", func() bool {
+		b, _ := os.ReadFile(logf)
+		return strings.Contains(string(b), "long")
+	})
+	cp.Restart()
+
+	for _, id := range ids {
+		var e operatorapi.Exec
+		harness.WaitFor(t, 60*time.Second, "exec "+id+" to finish after the restart", func() bool {
+			return cp.GetJSON("/v1/namespaces/default/execs/"+id, &e) == nil && e.State == operatorapi.ExecFinished
+		})
+		if e.Result == nil || e.Result.ExitCode != 0 {
+			t.Fatalf("exec %s: %+v", id, e.Result)
+		}
+	}
+	b, err := os.ReadFile(logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, line := range strings.Fields(string(b)) {
+		counts[line]++
+	}
+	want := []string{"start", "long"}
+	for i := 0; i < 8; i++ {
+		want = append(want, fmt.Sprintf("quick-%d", i))
+	}
+	for _, w := range want {
+		if counts[w] != 1 {
+			t.Errorf("%s ran %d times, want exactly once (log:\n%s)", w, counts[w], b)
+		}
+	}
+	if len(counts) != len(want) {
+		t.Errorf("unexpected lines in the log: %v", counts)
+	}
+	// The daemon came back by itself and still takes work.
+	r := cp.CLI(t, "daemon", "exec", "survivor", "echo still here")
+	expectCode(t, r, 0)
+	if r.Stdout != "still here\n" {
+		t.Fatalf("exec after restart: %q", r.Stdout)
+	}
+}
