@@ -69,11 +69,12 @@ type Signer interface {
 
 // Client talks to one control plane. It is safe for concurrent use.
 type Client struct {
-	base   *url.URL
-	token  string
-	signer Signer
-	http   *http.Client
-	now    func() time.Time
+	base       *url.URL
+	token      string
+	helloToken string
+	signer     Signer
+	http       *http.Client
+	now        func() time.Time
 }
 
 // Option configures a Client.
@@ -96,6 +97,15 @@ func WithTokenFile(path string) Option {
 			return fmt.Errorf("token file: %w", err)
 		}
 		c.token = strings.TrimSpace(string(b))
+		return nil
+	}
+}
+
+// WithHelloToken sets the bearer of hello requests only: the one-shot
+// enrollment token (dle_…) that comes with a new public key.
+func WithHelloToken(token string) Option {
+	return func(c *Client) error {
+		c.helloToken = strings.TrimSpace(token)
 		return nil
 	}
 }
@@ -209,9 +219,15 @@ func Retryable(err error) bool {
 	return true
 }
 
+// bearerKey carries a per-request bearer override in a context.
+type bearerKey struct{}
+
 // Hello sends the first-contact request.
 func (c *Client) Hello(ctx context.Context, req *messages.HelloRequest) (*messages.HelloResponse, error) {
 	var resp messages.HelloResponse
+	if c.helloToken != "" {
+		ctx = context.WithValue(ctx, bearerKey{}, c.helloToken)
+	}
 	if err := c.call(ctx, PathHello, req, &resp); err != nil {
 		return nil, err
 	}
@@ -333,8 +349,12 @@ func (c *Client) do(ctx context.Context, method string, u *url.URL, contentType 
 		req.Header.Set("Accept", messages.ContentType)
 	}
 	if c.sameOrigin(u) {
-		if c.token != "" {
-			req.Header.Set("Authorization", "Bearer "+c.token)
+		token := c.token
+		if t, ok := ctx.Value(bearerKey{}).(string); ok {
+			token = t
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
 		}
 		if c.signer != nil {
 			if err := c.signer.SignRequest(req, body, c.now()); err != nil {

@@ -246,3 +246,28 @@ func TestNewRejectsBadURLAndMissingFiles(t *testing.T) {
 		t.Fatal("missing ca file accepted")
 	}
 }
+
+func TestHelloTokenOnlyOnHello(t *testing.T) {
+	srv, s := server(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.URL.Path == uplink.PathHello {
+			writeMsgpack(t, w, &messages.HelloResponse{})
+			return
+		}
+		writeMsgpack(t, w, &messages.PollResponse{})
+	})
+	c, _ := uplink.New(srv.URL, uplink.WithToken("daemon"), uplink.WithHelloToken("dle_enroll"))
+	if _, err := c.Hello(context.Background(), &messages.HelloRequest{MachineID: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := s.last()
+	if r.Header.Get("Authorization") != "Bearer dle_enroll" {
+		t.Fatalf("hello auth %q", r.Header.Get("Authorization"))
+	}
+	if _, err := c.Poll(context.Background(), &messages.PollRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	r, _ = s.last()
+	if r.Header.Get("Authorization") != "Bearer daemon" {
+		t.Fatalf("poll auth %q", r.Header.Get("Authorization"))
+	}
+}
