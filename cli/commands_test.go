@@ -136,6 +136,16 @@ func TestExecStreamsAndPassesExitCode(t *testing.T) {
 	}
 }
 
+func TestExecRetriesWhileTheControlPlaneRestarts(t *testing.T) {
+	f := newFakeCP(t, fleet()...)
+	f.failGetExecs = 3
+	f.steps = []step{{out: "a\n"}, {out: "b\n", finish: true, code: 0}}
+	r := f.run(t, runOpts{}, "daemon", "exec", "cpu", "true")
+	if r.code != 0 || r.stdout != "a\nb\n" || f.getExecs < 5 {
+		t.Fatalf("result = %+v after %d reads", r, f.getExecs)
+	}
+}
+
 func TestExecDashDashAndNonStreamingDaemon(t *testing.T) {
 	f := newFakeCP(t, fleet()...)
 	f.steps = []step{{finish: true, code: 0, result: messages.ExecResult{Stdout: "out\n", Stderr: "err\n"}}}

@@ -330,7 +330,11 @@ func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req 
 		} else if n := ex.Offset + int64(len(ex.Output)); n > offset {
 			offset = n
 		}
-		if ex.State == operatorapi.ExecFinished && ex.Result != nil {
+		if ex.State == operatorapi.ExecFinished && ex.Result == nil {
+			prog.Stop()
+			return fmt.Errorf("exec %s on %s finished without a result", acc.ExecID, where)
+		}
+		if ex.State == operatorapi.ExecFinished {
 			if len(ex.Output) > 0 && !f.jsonOut {
 				// Output may still trail the result; read, without
 				// waiting, until a call brings nothing new.

@@ -60,7 +60,9 @@ type fakeCP struct {
 	resets    []string
 	tokens    []operatorapi.TokenRequest
 	getExecs  int
-	paths     []string
+	// failGetExecs answers this many exec reads with a 503 first.
+	failGetExecs int
+	paths        []string
 	// hibernateErr, when set, is returned for hibernate requests.
 	hibernateErr *operatorapi.Error
 }
@@ -217,6 +219,12 @@ func (f *fakeCP) getExec(w http.ResponseWriter, r *http.Request) {
 	wait, _ := strconv.Atoi(r.URL.Query().Get("wait"))
 	f.mu.Lock()
 	f.getExecs++
+	if f.failGetExecs > 0 {
+		f.failGetExecs--
+		f.mu.Unlock()
+		reply(w, 503, operatorapi.Error{Error: "the control plane is shutting down"})
+		return
+	}
 	ex, ok := f.execs[r.PathValue("exec_id")]
 	if !ok {
 		f.mu.Unlock()
