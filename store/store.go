@@ -61,6 +61,8 @@ type Store interface {
 	Execs
 	Tokens
 	Reports
+	Queues
+	TargetVersions
 	Close() error
 }
 
@@ -175,6 +177,13 @@ type Worker struct {
 	AckedSeq     int64
 	// SetupPending counts setup commands not yet acknowledged.
 	SetupPending int
+	// Queues above is the effective membership: Lanes plus QueuesAdded,
+	// minus QueuesRemoved (see EffectiveQueues). Lanes are what the daemon
+	// named on its last hello; the other two are the operator's edits,
+	// which a re-hello keeps.
+	Lanes         []string
+	QueuesAdded   []string
+	QueuesRemoved []string
 }
 
 // Hello is what a hello writes.

@@ -19,7 +19,7 @@ type querier interface {
 
 const workerColumns = `w.id, w.namespace, w.machine_id, w.hello_label, w.label, w.state, w.tags, w.queues,
 	w.capabilities, w.versions, w.poll_queue, w.running, w.created_at, w.last_seen_at, w.hibernating_until,
-	w.last_seq, w.delivered_seq, w.acked_seq,
+	w.last_seq, w.delivered_seq, w.acked_seq, w.queues_added, w.queues_removed,
 	(SELECT COUNT(*) FROM commands c WHERE c.worker_id = w.id AND c.kind = 'setup' AND c.acked_at IS NULL)`
 
 type rowScanner interface {
@@ -33,9 +33,10 @@ func scanWorker(row rowScanner) (store.Worker, error) {
 		created, seen                       int64
 		hib                                 sql.NullInt64
 	)
+	var queuesAdded, queuesRemoved string
 	err := row.Scan(&w.ID, &w.Namespace, &w.MachineID, &w.HelloLabel, &w.Label, &w.State, &tags, &queues,
 		&caps, &versions, &w.PollQueue, &runng, &created, &seen, &hib,
-		&w.LastSeq, &w.DeliveredSeq, &w.AckedSeq, &w.SetupPending)
+		&w.LastSeq, &w.DeliveredSeq, &w.AckedSeq, &queuesAdded, &queuesRemoved, &w.SetupPending)
 	if err != nil {
 		return store.Worker{}, err
 	}
@@ -47,6 +48,9 @@ func scanWorker(row rowScanner) (store.Worker, error) {
 		return store.Worker{}, fmt.Errorf("worker %s: %w", w.ID, err)
 	}
 	w.Versions = json.RawMessage(versions)
+	if err := mergeQueueEdits(&w, queuesAdded, queuesRemoved); err != nil {
+		return store.Worker{}, err
+	}
 	normalizeWorker(&w)
 	return w, nil
 }

@@ -1,0 +1,40 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// TargetVersion implements store.TargetVersions.
+func (db *DB) TargetVersion(ctx context.Context, namespace string) (*string, error) {
+	var v sql.NullString
+	err := db.r.QueryRowContext(ctx, `SELECT target_nymph_version FROM namespace_settings WHERE namespace = ?`, namespace).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !v.Valid) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read target version of %s: %w", namespace, err)
+	}
+	return &v.String, nil
+}
+
+// SetTargetVersion implements store.TargetVersions.
+func (db *DB) SetTargetVersion(ctx context.Context, namespace string, version *string, now time.Time) error {
+	var v any
+	if version != nil {
+		v = *version
+	}
+	err := db.tx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO namespace_settings (namespace, target_nymph_version, updated_at) VALUES (?, ?, ?)
+			ON CONFLICT (namespace) DO UPDATE SET target_nymph_version = excluded.target_nymph_version, updated_at = excluded.updated_at`,
+			namespace, v, ms(now))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("set target version of %s: %w", namespace, err)
+	}
+	return nil
+}
