@@ -1,0 +1,355 @@
+package main_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"nymph/messages"
+	"nymph/test/fakecp"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+const testVersion = "9.8.7-test"
+
+// nymphBin builds the real binary once, stamped with testVersion.
+func nymphBin(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "nymph-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "nymph")
+		out, err := exec.Command("go", "build", "-ldflags", "-X nymph/buildinfo.Version="+testVersion, "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+type daemon struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan struct{}
+	code   int
+	dir    string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// writeConfig writes a config for cp; runtimeExtra is added to [runtime].
+func writeConfig(t *testing.T, cp *fakecp.CP, runtimeExtra string) (string, string) {
+	t.Helper()
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte("daemon-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`[server]
+url = %q
+token_file = "token"
+
+[daemon]
+machine_id = "bin-host"
+label = "binary test"
+tags = ["zone=test"]
+queue = "from-file"
+
+[poll]
+wait_max_s = 1
+retry_min_s = 0.05
+retry_max_s = 0.2
+
+[runtime]
+runners = ["process", "echo"]
+workdir = "work"
+%s
+
+[log]
+level = "debug"
+format = "json"
+`, cp.URL, runtimeExtra)
+	p := filepath.Join(dir, "nymph.toml")
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p, dir
+}
+
+func start(t *testing.T, env []string, args ...string) *daemon {
+	t.Helper()
+	cmd := exec.Command(nymphBin(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	d := &daemon{t: t, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = d.stderr
+	cmd.Stdout = d.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = cmd.Wait()
+		d.code = cmd.ProcessState.ExitCode()
+		close(d.done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-d.done
+		if t.Failed() {
+			t.Logf("nymph output:\n%s", d.stderr.String())
+		}
+	})
+	return d
+}
+
+func (d *daemon) wait(timeout time.Duration) int {
+	d.t.Helper()
+	select {
+	case <-d.done:
+		return d.code
+	case <-time.After(timeout):
+		d.t.Fatalf("nymph did not exit within %v", timeout)
+		return -1
+	}
+}
+
+func TestVersionIsStamped(t *testing.T) {
+	out, err := exec.Command(nymphBin(t), "version").Output()
+	if err != nil || strings.TrimSpace(string(out)) != "nymph "+testVersion+" (protocol 1)" {
+		t.Fatalf("%q %v", out, err)
+	}
+}
+
+func TestBadConfigExitsWithFileAndKey(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(p, []byte("[server]\nurl = \"http://h\"\n[runtime]\nkeep_alive_s = \"never\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := start(t, nil, "run", "--config", p)
+	if code := d.wait(10 * time.Second); code != 2 {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(d.stderr.String(), "config "+p+": [runtime] keep_alive_s: must be an integer") {
+		t.Fatalf("stderr %q", d.stderr.String())
+	}
+	d = start(t, nil, "run")
+	if code := d.wait(10 * time.Second); code != 2 {
+		t.Fatalf("missing --config: exit %d", code)
+	}
+}
+
+func TestHelloRejectExitsNonZero(t *testing.T) {
+	cp := fakecp.New(t, fakecp.WithHello(func(*messages.HelloRequest) messages.HelloResponse {
+		return messages.HelloResponse{Reject: &messages.Reject{Code: "invalid_enroll_token", Message: "token unknown"}}
+	}))
+	cfg, _ := writeConfig(t, cp, "")
+	d := start(t, nil, "run", "--config", cfg)
+	if code := d.wait(20 * time.Second); code != 3 {
+		t.Fatalf("exit %d", code)
+	}
+	out := d.stderr.String()
+	if !strings.Contains(out, `"code":"invalid_enroll_token"`) || !strings.Contains(out, `"message":"token unknown"`) {
+		t.Fatalf("reject not logged:\n%s", out)
+	}
+	if len(cp.Polls()) != 0 {
+		t.Fatal("polled after a reject")
+	}
+}
+
+func TestHelloWireAndQueueOverrides(t *testing.T) {
+	cp := fakecp.New(t, fakecp.WithToken("daemon-token"))
+	cfg, _ := writeConfig(t, cp, "")
+	d := start(t, []string{"DREAMLAKE_QUEUE=from-env"}, "run", "--config", cfg)
+	cp.Wait(20*time.Second, "a poll", func() bool { return len(cp.Polls()) > 0 })
+	h := cp.Hellos()[0]
+	if h.MachineID != "bin-host" || h.Versions.Daemon == nil || *h.Versions.Daemon != testVersion ||
+		h.Versions.Protocol == nil || *h.Versions.Protocol != "1" || h.Tags[0] != "zone=test" || h.Capabilities.Workdir == "" {
+		t.Fatalf("hello %+v", h)
+	}
+	hasArch := false
+	for _, tag := range h.Tags {
+		hasArch = hasArch || strings.HasPrefix(tag, "arch=")
+	}
+	if !hasArch {
+		t.Fatalf("no detected tags: %v", h.Tags)
+	}
+	if q := cp.Polls()[0].Queue; q != "from-env" {
+		t.Fatalf("queue %q, want the environment's", q)
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	if code := d.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+
+	cp2 := fakecp.New(t)
+	cfg2, _ := writeConfig(t, cp2, "")
+	d2 := start(t, []string{"DREAMLAKE_QUEUE=from-env"}, "run", "--config", cfg2, "--queue", "from-flag")
+	cp2.Wait(20*time.Second, "a poll", func() bool { return len(cp2.Polls()) > 0 })
+	if q := cp2.Polls()[0].Queue; q != "from-flag" {
+		t.Fatalf("queue %q, want the flag's", q)
+	}
+	// Idle footprint, for the record (the target is checked by make bench).
+	time.Sleep(1500 * time.Millisecond) // let it sit idle through a poll or two
+	if rss := vmRSS(d2.cmd.Process.Pid); rss != "" {
+		t.Logf("idle nymph VmRSS: %s", rss)
+	}
+	_ = d2.cmd.Process.Signal(syscall.SIGINT)
+	if code := d2.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+}
+
+func TestSIGTERMHonoursGraceThenKillsAndReports(t *testing.T) {
+	cp := fakecp.New(t)
+	cfg, _ := writeConfig(t, cp, "shutdown_grace_s = 1.5")
+	d := start(t, nil, "run", "--config", cfg)
+	cp.Wait(20*time.Second, "a poll", func() bool { return len(cp.Polls()) > 0 })
+	mark := "NYMPH_BIN_MARK=" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	k, v, _ := strings.Cut(mark, "=")
+	env := map[string]string{k: v}
+	cp.QueueExec(messages.Exec{ExecID: "short", Command: "sleep 0.5; echo done", Env: env})
+	cp.QueueExec(messages.Exec{ExecID: "long", Command: "sleep 60", Env: env})
+	cp.QueueRun(messages.Run{InvocationID: "run-long", Script: ptr("sleep 60"), RunConfig: messages.RunConfig{Env: env}})
+	eventuallyT(t, 20*time.Second, "3 jobs running", func() bool { return len(liveWithEnv(mark)) >= 3 })
+	sent := time.Now()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	code := d.wait(30 * time.Second)
+	took := time.Since(sent)
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if took < 1500*time.Millisecond {
+		t.Fatalf("exited after %v, before the 1.5 s grace", took)
+	}
+	if r, ok := cp.Result("short"); !ok || r.ExitCode != 0 || r.Stdout != "done\n" {
+		t.Fatalf("short: %+v %v", r, ok)
+	}
+	r, ok := cp.Result("long")
+	if !ok || r.ExitCode != messages.ExitFailed || r.Error == nil || *r.Error != messages.CancelledShutdownMessage {
+		t.Fatalf("long: %+v", r)
+	}
+	acks := cp.Acks()
+	if len(acks) != 1 || acks[0].State != "killed" || acks[0].Error == nil || acks[0].Error.Type != "Cancelled" ||
+		acks[0].Error.Message != "daemon shutdown grace expired" || acks[0].WorkerID != "w-fake" {
+		t.Fatalf("acks %+v", acks)
+	}
+	eventuallyT(t, 5*time.Second, "nothing left running", func() bool { return len(liveWithEnv(mark)) == 0 })
+}
+
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	cp := fakecp.New(t)
+	cfg, _ := writeConfig(t, cp, "shutdown_grace_s = 120")
+	d := start(t, nil, "run", "--config", cfg)
+	cp.Wait(20*time.Second, "a poll", func() bool { return len(cp.Polls()) > 0 })
+	mark := "NYMPH_BIN_MARK=" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	k, v, _ := strings.Cut(mark, "=")
+	cp.QueueExec(messages.Exec{ExecID: "long", Command: "sleep 60", Env: map[string]string{k: v}})
+	eventuallyT(t, 20*time.Second, "running", func() bool { return len(liveWithEnv(mark)) >= 1 })
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	eventuallyT(t, 10*time.Second, "shutdown logged", func() bool { return strings.Contains(d.stderr.String(), "shutting down") })
+	sent := time.Now()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	if code := d.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if took := time.Since(sent); took > 10*time.Second {
+		t.Fatalf("second signal took %v", took)
+	}
+	if r, ok := cp.Result("long"); !ok || r.ExitCode != messages.ExitFailed {
+		t.Fatalf("long: %+v %v", r, ok)
+	}
+	eventuallyT(t, 5*time.Second, "nothing left running", func() bool { return len(liveWithEnv(mark)) == 0 })
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func vmRSS(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+func liveWithEnv(kv string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, []byte(kv+"\x00")) {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+func eventuallyT(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
