@@ -421,6 +421,11 @@ func TestSetupResetCancelToken(t *testing.T) {
 		t.Fatalf("setup without --script: %+v", r)
 	}
 
+	r = f.run(t, runOpts{}, "daemon", "commands", "cpu")
+	if r.code != 0 || !strings.Contains(r.stdout, "c1") || !strings.Contains(r.stdout, "queued") {
+		t.Fatalf("commands: %+v", r)
+	}
+
 	r = f.run(t, runOpts{}, "daemon", "reset", "gpu-rig-2")
 	if r.code != 0 || f.resets[0] != "aaaa000000000000000000a2" || !strings.Contains(r.stdout, "reset_backoff") {
 		t.Fatalf("reset: %+v", r)

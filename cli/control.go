@@ -213,3 +213,49 @@ process group and reports it as cancelled. Exactly one of --exec and
 	cmd.Flags().BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
 	return cmd
 }
+
+func (a *app) daemonCommandsCmd() *cobra.Command {
+	var jsonOut, byID bool
+	cmd := &cobra.Command{
+		Use:   "commands <daemon>",
+		Short: "List the commands queued for (or delivered to) a daemon",
+		Long: `List the commands the control plane holds for one daemon: queued ones not yet
+picked up, and delivered ones not yet acknowledged. Useful when a daemon seems
+not to react. --json prints [{id, kind, state, createdAt}].`,
+		Example:           `  lakeshore daemon commands gpu-rig`,
+		Args:              exactArgs(1, "one <daemon>"),
+		ValidArgsFunction: a.completeDaemon,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			w, err := a.target(ctx, c, args[0], byID)
+			if err != nil {
+				return err
+			}
+			cmds, err := c.ListCommands(ctx, w.ID)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return writeJSON(a.env.Stdout, cmds)
+			}
+			if len(cmds) == 0 {
+				_, err := fmt.Fprintf(a.env.Stdout, "no commands pending for %s\n", describe(w))
+				return err
+			}
+			now := a.env.Now()
+			tw := newTable(a.env.Stdout)
+			fmt.Fprintln(tw, "ID\tKIND\tSTATE\tCREATED")
+			for _, ci := range cmds {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", ci.ID, ci.Kind, ci.State, ago(now, ci.CreatedAt))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
+	return cmd
+}

@@ -40,6 +40,7 @@ gone nor stale wins; when a name is still ambiguous the candidates are listed.
 		a.daemonHibernateCmd(),
 		a.daemonResetCmd(),
 		a.daemonCancelCmd(),
+		a.daemonCommandsCmd(),
 		a.daemonKillCmd(),
 		a.daemonCleanupCmd(),
 		a.daemonStatusCmd(),

@@ -87,6 +87,9 @@ func newFakeCP(t *testing.T, workers ...operatorapi.Worker) *fakeCP {
 		reply(w, 202, operatorapi.Queued{CommandID: "cmd-reset", WorkerID: r.PathValue("id"), Kind: "reset_backoff"})
 	})
 	mux.HandleFunc(operatorapi.RouteCancel, f.queued("cancel", &f.cancels))
+	mux.HandleFunc(operatorapi.RouteListCommands, func(w http.ResponseWriter, r *http.Request) {
+		reply(w, 200, []operatorapi.CommandInfo{{ID: "c1", Kind: "setup", State: "queued", CreatedAt: time.Now()}})
+	})
 	mux.HandleFunc(operatorapi.RouteCreateToken, func(w http.ResponseWriter, r *http.Request) {
 		var req operatorapi.TokenRequest
 		_ = json.NewDecoder(r.Body).Decode(&req)
