@@ -234,7 +234,7 @@ func TestHelloWireAndQueueOverrides(t *testing.T) {
 	// Idle footprint, for the record (the target is checked by make bench).
 	time.Sleep(1500 * time.Millisecond) // let it sit idle through a poll or two
 	if rss := vmRSS(d2.cmd.Process.Pid); rss != "" {
-		t.Logf("idle nymph VmRSS: %s", rss)
+		t.Logf("idle nymph memory: %s", rss)
 	}
 	_ = d2.cmd.Process.Signal(syscall.SIGINT)
 	if code := d2.wait(20 * time.Second); code != 0 {
@@ -311,12 +311,15 @@ func vmRSS(pid int) string {
 	if err != nil {
 		return ""
 	}
+	var parts []string
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			return strings.TrimSpace(v)
+		for _, key := range []string{"VmRSS:", "RssAnon:", "RssFile:"} {
+			if v, ok := strings.CutPrefix(line, key); ok {
+				parts = append(parts, key+" "+strings.TrimSpace(v))
+			}
 		}
 	}
-	return ""
+	return strings.Join(parts, ", ")
 }
 
 func liveWithEnv(kv string) []int {

@@ -216,3 +216,11 @@ func ordered(configured, have []string) []string {
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// The implementations chosen here satisfy what the tree declares it needs.
+var (
+	_ actors.Server  = (*uplink.Client)(nil)
+	_ actors.Results = (*outbox.Outbox)(nil)
+	_ outbox.Poster  = (*uplink.Client)(nil)
+	_ uplink.Signer  = (*identity.Key)(nil)
+)
