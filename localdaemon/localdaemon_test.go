@@ -19,6 +19,12 @@ import (
 // until the script prints "ready" so signal dispositions are in place.
 func fakeNymph(t *testing.T, script string) *exec.Cmd {
 	t.Helper()
+	return fakeNymphConfig(t, script, "/etc/nymph/test.toml", "")
+}
+
+// fakeNymphConfig is fakeNymph with a chosen --config and working directory.
+func fakeNymphConfig(t *testing.T, script, config, dir string) *exec.Cmd {
+	t.Helper()
 	bash, err := exec.LookPath("bash")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -34,7 +40,8 @@ func fakeNymph(t *testing.T, script string) *exec.Cmd {
 	if err := os.WriteFile(bin, src, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-c", script, "run", "--config", "/etc/nymph/test.toml")
+	cmd := exec.Command(bin, "-c", script, "run", "--config", config)
+	cmd.Dir = dir
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -85,6 +92,14 @@ func TestFindDescribesTheProcess(t *testing.T) {
 	}
 	if len(p.Args) != 6 || p.Args[3] != "run" {
 		t.Fatalf("args = %q", p.Args)
+	}
+}
+
+func TestRelativeConfigIsResolved(t *testing.T) {
+	dir := t.TempDir()
+	cmd := fakeNymphConfig(t, "echo ready; read x", "conf/nymph.toml", dir)
+	if p := find(t, cmd.Process.Pid); p.ConfigPath != filepath.Join(dir, "conf/nymph.toml") {
+		t.Fatalf("config = %q", p.ConfigPath)
 	}
 }
 

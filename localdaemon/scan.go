@@ -110,13 +110,20 @@ func (s Scanner) read(pid int, boot time.Time) (Process, bool) {
 	if filepath.Base(exe) != name && argv0 != name {
 		return Process{}, false
 	}
+	cfg := configFlag(args)
+	if cfg != "" && !filepath.IsAbs(cfg) {
+		// A relative --config is relative to the daemon's working directory.
+		if cwd, err := os.Readlink(filepath.Join(dir, "cwd")); err == nil {
+			cfg = filepath.Join(cwd, cfg)
+		}
+	}
 	p := Process{
 		PID:        pid,
 		PPID:       st.ppid,
 		UID:        readUID(dir),
 		Exe:        exe,
 		Args:       args,
-		ConfigPath: configFlag(args),
+		ConfigPath: cfg,
 		StartedAt:  boot.Add(time.Duration(st.startTicks) * time.Second / clockTicks),
 		startTicks: st.startTicks,
 	}
