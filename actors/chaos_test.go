@@ -290,3 +290,24 @@ func waitGoroutines(h *harness, baseline int, timeout time.Duration, last *int) 
 	}
 	return false
 }
+
+func TestRepeatedCrashesEscalate(t *testing.T) {
+	h := newHarness(t, setup{
+		opts:     []actors.Option{actors.WithPropsOptions(actor.WithReceiverMiddleware(poisonMiddleware))},
+		settings: func(s *actors.Settings) { s.MaxRestarts = 2; s.RestartWindow = time.Minute },
+	})
+	h.waitPolls(1)
+	h.exec("victim", "sleep 30")
+	eventually(t, 10*time.Second, "running", func() bool { return h.d.Ledger().Active() == 1 })
+	for range 3 {
+		h.d.System().Root.Send(h.d.PID(actors.PollerName), &poison{})
+	}
+	err := h.wait(20 * time.Second)
+	if err == nil || !strings.Contains(err.Error(), "crashed 3 times") {
+		t.Fatalf("err = %v", err)
+	}
+	// the running exec was killed and reported on the way out
+	if r := h.cp.WaitResult("victim", 10*time.Second); r.ExitCode != messages.ExitFailed {
+		t.Fatalf("%+v", r)
+	}
+}

@@ -236,4 +236,12 @@ func (r *root) HandleFailure(sys *actor.ActorSystem, sup actor.Supervisor, child
 	}
 	log.Error().Msg("child crashed; restarting it")
 	sup.RestartChildren(child)
+	// A child restarted during the shutdown is told again: its new
+	// incarnation starts from scratch.
+	if r.shutting {
+		sys.Root.Send(child, &messages.Shutdown{})
+		if r.graceExpired {
+			sys.Root.Send(child, &messages.GraceExpired{})
+		}
+	}
 }
