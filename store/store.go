@@ -63,6 +63,7 @@ type Store interface {
 	Reports
 	Queues
 	TargetVersions
+	Keys
 	Close() error
 }
 
