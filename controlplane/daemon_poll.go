@@ -123,6 +123,7 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 	}
 	cur := strconv.FormatInt(next, 10)
 	resp.Cursor = &cur
+	resp.TargetNymphVersion = s.targetVersionFor(r.Context(), wk.Namespace, log)
 	if len(cmds) > 0 {
 		log.Debug().Int("commands", len(cmds)).Str("cursor", cur).Bool("legacy", legacy).Msg("commands delivered")
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -181,7 +182,9 @@ func inQueue(w store.Worker, queue string) bool {
 			return true
 		}
 	}
-	return w.PollQueue != "" && (queueMatch(w.PollQueue, queue) || queueMatch(queue, w.PollQueue))
+	// An operator's removal outranks the queue the daemon polls.
+	return w.PollQueue != "" && !slices.Contains(w.QueuesRemoved, w.PollQueue) &&
+		(queueMatch(w.PollQueue, queue) || queueMatch(queue, w.PollQueue))
 }
 
 // queueMatch reports whether name matches pattern: equal, or pattern ends

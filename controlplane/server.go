@@ -72,6 +72,7 @@ type Server struct {
 	addr              string
 	wake              *hub
 	handler           http.Handler
+	rel               releaseState
 
 	// Tests shorten these; the protocol fixes them at 20 s.
 	pollCap time.Duration
@@ -165,6 +166,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.adminToken, s.adminTokenCreated, err = loadAdminToken(cfg.DataDir, cfg.AdminToken)
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	if err := s.openReleases(cfg.DataDir); err != nil {
+		return nil, err
 	}
 	s.st = cfg.Store
 	if s.st == nil {
@@ -291,6 +295,7 @@ func (s *Server) routes() *http.ServeMux {
 	mux.HandleFunc(operatorapi.RouteCancel, s.adminAuth(s.handleCancel))
 	mux.HandleFunc(operatorapi.RouteCreateToken, s.adminAuth(s.handleCreateToken))
 	mux.HandleFunc(operatorapi.RouteListCommands, s.adminAuth(s.handleListCommands))
+	s.releaseRoutes(mux)
 	return mux
 }
 
