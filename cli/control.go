@@ -218,10 +218,11 @@ func (a *app) daemonCommandsCmd() *cobra.Command {
 	var jsonOut, byID bool
 	cmd := &cobra.Command{
 		Use:   "commands <daemon>",
-		Short: "List the commands queued for (or delivered to) a daemon",
-		Long: `List the commands the control plane holds for one daemon: queued ones not yet
-picked up, and delivered ones not yet acknowledged. Useful when a daemon seems
-not to react. --json prints [{id, kind, state, createdAt}].`,
+		Short: "List the commands the control plane holds for a daemon",
+		Long: `List the commands the control plane has recorded for one daemon, oldest first,
+with their state: queued (not yet picked up), delivered (picked up, not yet
+acknowledged by a later poll) or acked. Useful when a daemon seems not to
+react. --json prints [{id, kind, state, createdAt}].`,
 		Example:           `  lakeshore daemon commands gpu-rig`,
 		Args:              exactArgs(1, "one <daemon>"),
 		ValidArgsFunction: a.completeDaemon,
