@@ -146,6 +146,23 @@ func TestExecRetriesWhileTheControlPlaneRestarts(t *testing.T) {
 	}
 }
 
+func TestExecProgressOnATerminal(t *testing.T) {
+	f := newFakeCP(t, fleet()...)
+	f.steps = []step{{}, {}, {out: "out\n"}, {finish: true}}
+	r := f.run(t, runOpts{stderrTTY: true}, "daemon", "exec", "cpu", "true")
+	if r.code != 0 || r.stdout != "out\n" {
+		t.Fatalf("result = %+v", r)
+	}
+	if !strings.Contains(r.stderr, "waiting for cpu") || !strings.HasSuffix(r.stderr, "\r\x1b[K") {
+		t.Fatalf("progress on stderr = %q", r.stderr)
+	}
+	// Not a terminal: no progress at all.
+	f.steps = []step{{}, {finish: true}}
+	if r := f.run(t, runOpts{}, "daemon", "exec", "cpu", "true"); r.stderr != "" {
+		t.Fatalf("stderr without a terminal = %q", r.stderr)
+	}
+}
+
 func TestExecDashDashAndNonStreamingDaemon(t *testing.T) {
 	f := newFakeCP(t, fleet()...)
 	f.steps = []step{{finish: true, code: 0, result: messages.ExecResult{Stdout: "out\n", Stderr: "err\n"}}}

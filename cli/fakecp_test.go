@@ -302,11 +302,12 @@ type result struct {
 
 // runOpts tune run.
 type runOpts struct {
-	stdin    string
-	stdinTTY bool
-	env      map[string]string
-	ctx      context.Context
-	stdout   io.Writer // extra sink, e.g. to cancel on first output
+	stdin     string
+	stdinTTY  bool
+	stderrTTY bool
+	env       map[string]string
+	ctx       context.Context
+	stdout    io.Writer // extra sink, e.g. to cancel on first output
 }
 
 // run drives cli.Main in-process against f.
@@ -337,13 +338,14 @@ func runCLI(t *testing.T, o runOpts, env map[string]string, args ...string) resu
 		defer cancel()
 	}
 	code := cli.Main(ctx, args, cli.Env{
-		Stdin:    strings.NewReader(o.stdin),
-		Stdout:   out,
-		Stderr:   &syncBuf{b: &stderr},
-		Getenv:   func(k string) string { return env[k] },
-		StdinTTY: o.stdinTTY,
-		Now:      time.Now,
-		Procs:    localdaemon.Scanner{Name: "no-such-daemon-name-for-tests"},
+		Stdin:     strings.NewReader(o.stdin),
+		Stdout:    out,
+		Stderr:    &syncBuf{b: &stderr},
+		Getenv:    func(k string) string { return env[k] },
+		StdinTTY:  o.stdinTTY,
+		StderrTTY: o.stderrTTY,
+		Now:       time.Now,
+		Procs:     localdaemon.Scanner{Name: "no-such-daemon-name-for-tests"},
 	})
 	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
 }
