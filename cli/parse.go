@@ -52,18 +52,6 @@ func ParseCleanupAge(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// isoLayouts are the ISO-8601 forms --until accepts; layouts without a zone
-// are read in local time.
-var isoLayouts = []string{
-	time.RFC3339Nano,
-	"2006-01-02T15:04:05Z0700",
-	"2006-01-02T15:04Z07:00",
-	"2006-01-02T15:04:05",
-	"2006-01-02T15:04",
-	"2006-01-02 15:04:05",
-	"2006-01-02 15:04",
-	"2006-01-02",
-}
 
 // ParseUntil parses `daemon hibernate --until`: a relative span after now
 // ("+30s", "+5m", "+1h", "+3d", "+1h30m") or an ISO-8601 time. A deadline
@@ -76,6 +64,17 @@ func ParseUntil(s string, now time.Time) (time.Time, error) {
 			return time.Time{}, fmt.Errorf("--until: %w", err)
 		}
 		return now.Add(d), nil
+	}
+	// ISO-8601 forms; layouts without a zone are read in now's location.
+	isoLayouts := [...]string{
+		time.RFC3339Nano,
+		"2006-01-02T15:04:05Z0700",
+		"2006-01-02T15:04Z07:00",
+		"2006-01-02T15:04:05",
+		"2006-01-02T15:04",
+		"2006-01-02 15:04:05",
+		"2006-01-02 15:04",
+		"2006-01-02",
 	}
 	for _, layout := range isoLayouts {
 		if tm, err := time.ParseInLocation(layout, t, now.Location()); err == nil {
