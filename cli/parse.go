@@ -52,7 +52,6 @@ func ParseCleanupAge(s string) (time.Duration, error) {
 	return d, nil
 }
 
-
 // ParseUntil parses `daemon hibernate --until`: a relative span after now
 // ("+30s", "+5m", "+1h", "+3d", "+1h30m") or an ISO-8601 time. A deadline
 // in the past is not refused here; the server answers it with a 400.
