@@ -28,6 +28,7 @@ type serveOpts struct {
 	addr, dataDir, publicURL, daemonToken string
 	logLevel, logFormat                   string
 	noCredentials                         bool
+	staleAfter                            time.Duration
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -66,6 +67,10 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log-format", "auto", "log format: json, console, or auto (console on a terminal)")
 	fs.BoolVar(&o.noCredentials, "no-credentials", false, "do not write the credentials file")
+	// A shorter stale window lets end-to-end tests see stale workers
+	// without waiting a minute; operators have no reason to change it.
+	fs.DurationVar(&o.staleAfter, "stale-after", 0, "how long a daemon may go unseen before it reads back stale (default 60s)")
+	_ = fs.MarkHidden("stale-after")
 	return cmd
 }
 
@@ -115,6 +120,7 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		AdminToken:  adminToken,
 		DaemonToken: o.daemonToken,
 		Logger:      logger,
+		StaleAfter:  o.staleAfter,
 	})
 	if err != nil {
 		return fmt.Errorf("start the control plane: %w", err)
