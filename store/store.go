@@ -64,6 +64,7 @@ type Store interface {
 	Queues
 	TargetVersions
 	Keys
+	Invocations
 	Close() error
 }
 
