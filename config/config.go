@@ -7,6 +7,34 @@
 // a wrong type on one key does not hide the problems of the others. Unknown
 // keys are not fatal (a newer installer may write keys an older daemon does
 // not know); they come back as Warnings for the caller to log.
+//
+// How each runner kind reaches its backend is set in its own table, all
+// optional; every table also takes kill_grace_s (seconds between SIGTERM
+// and SIGKILL when a run is stopped, default 5):
+//
+//	[runners.process]
+//	[runners.python]
+//	python = "/usr/bin/python3"            # default "python3" from PATH
+//	[runners.docker]
+//	cli = "podman"                         # any docker-compatible CLI, default "docker"
+//	global_args = ["--runtime", "runc"]    # before every subcommand
+//	run_args = ["--network=none"]          # extra flags of `run`
+//	shell = "/bin/sh"                      # interpreter of scripts in the image
+//	[runners.gvisor]
+//	runsc = "/usr/bin/runsc"               # default "runsc" from PATH
+//	global_args = ["--platform=systrap"]   # runsc flags before `do`
+//	state_root = "/var/lib/nymph/runsc"    # per-run runsc state, default the temp dir
+//	cli = "podman"                         # container CLI for runs with an image;
+//	container_global_args = ["--runtime", "/usr/bin/runsc"]  # unset: image runs are refused
+//	container_run_args = ["--network=none"]
+//	[runners.slurm]
+//	srun_args = ["--partition=debug"]
+//	env = ["SLURM_CONF=/etc/slurm/other.conf"]  # KEY=VALUE for srun, scancel, squeue
+//	bin_dir = "/opt/slurm/bin"             # where srun, scancel, squeue are; default PATH
+//
+// Binaries named with a '/' (and state_root, bin_dir) get the same `~` and
+// relative-path treatment as other files; a bare name is looked up in PATH
+// when a run starts.
 package config
 
 import (
@@ -38,6 +66,7 @@ type Config struct {
 	Runtime  Runtime
 	Identity Identity
 	Log      Log
+	Runners  Runners
 	// Warnings are non-fatal findings, such as unknown keys.
 	Warnings []string
 }
@@ -89,6 +118,70 @@ type Identity struct {
 	EnrollTokenFile string
 }
 
+// Runners holds the [runners.<kind>] tables. The echo runner has no
+// settings.
+type Runners struct {
+	Process ProcessRunner
+	Python  PythonRunner
+	Docker  DockerRunner
+	Gvisor  GvisorRunner
+	Slurm   SlurmRunner
+}
+
+// ProcessRunner is [runners.process].
+type ProcessRunner struct {
+	KillGraceS float64
+}
+
+// PythonRunner is [runners.python].
+type PythonRunner struct {
+	// Python is the interpreter: a path or a name looked up in PATH.
+	Python     string
+	KillGraceS float64
+}
+
+// DockerRunner is [runners.docker].
+type DockerRunner struct {
+	// CLI is the docker-compatible CLI: docker, podman, or a path.
+	CLI string
+	// GlobalArgs go before every subcommand, RunArgs after `run`.
+	GlobalArgs []string
+	RunArgs    []string
+	// Shell runs scripts inside the image.
+	Shell      string
+	KillGraceS float64
+}
+
+// GvisorRunner is [runners.gvisor].
+type GvisorRunner struct {
+	Runsc string
+	// GlobalArgs are runsc flags put before `do`.
+	GlobalArgs []string
+	// StateRoot is where per-run runsc state directories are made; empty
+	// is the system temp dir.
+	StateRoot string
+	// CLI, when set, runs invocations that name an image through that
+	// container CLI with ContainerGlobalArgs and ContainerRunArgs, which
+	// must select runsc as the runtime.
+	CLI                 string
+	ContainerGlobalArgs []string
+	ContainerRunArgs    []string
+	KillGraceS          float64
+}
+
+// SlurmRunner is [runners.slurm].
+type SlurmRunner struct {
+	SrunArgs []string
+	// Env holds KEY=VALUE entries for every SLURM command.
+	Env []string
+	// BinDir is where srun, scancel and squeue are; empty is PATH.
+	BinDir     string
+	KillGraceS float64
+}
+
+// DefaultKillGraceS is every runner's default kill_grace_s.
+const DefaultKillGraceS = 5
+
 // Log is the [log] section.
 type Log struct {
 	// Level is trace, debug, info, warn or error.
@@ -113,6 +206,14 @@ func Default() Config {
 		},
 		Identity: Identity{KeyFile: "~/.nymph/identity.key"},
 		Log:      Log{Level: "info", Format: "auto"},
+		Runners: Runners{
+			Process: ProcessRunner{KillGraceS: DefaultKillGraceS},
+			Python:  PythonRunner{Python: "python3", KillGraceS: DefaultKillGraceS},
+			Docker:  DockerRunner{CLI: "docker", GlobalArgs: []string{}, RunArgs: []string{}, Shell: "/bin/sh", KillGraceS: DefaultKillGraceS},
+			Gvisor: GvisorRunner{Runsc: "runsc", GlobalArgs: []string{}, ContainerGlobalArgs: []string{},
+				ContainerRunArgs: []string{}, KillGraceS: DefaultKillGraceS},
+			Slurm: SlurmRunner{SrunArgs: []string{}, Env: []string{}, KillGraceS: DefaultKillGraceS},
+		},
 	}
 }
 
@@ -149,6 +250,13 @@ func Parse(path string, data []byte, home string) (*Config, error) {
 	c.Runtime.Workdir = resolvePath(c.Runtime.Workdir, home, base)
 	c.Identity.KeyFile = resolvePath(c.Identity.KeyFile, home, base)
 	c.Identity.EnrollTokenFile = resolvePath(c.Identity.EnrollTokenFile, home, base)
+	rn := &c.Runners
+	rn.Python.Python = resolveBin(rn.Python.Python, home, base)
+	rn.Docker.CLI = resolveBin(rn.Docker.CLI, home, base)
+	rn.Gvisor.Runsc = resolveBin(rn.Gvisor.Runsc, home, base)
+	rn.Gvisor.CLI = resolveBin(rn.Gvisor.CLI, home, base)
+	rn.Gvisor.StateRoot = resolvePath(rn.Gvisor.StateRoot, home, base)
+	rn.Slurm.BinDir = resolvePath(rn.Slurm.BinDir, home, base)
 	r.checkFiles(&c)
 	if len(r.errs) > 0 {
 		return nil, errors.Join(r.errs...)
@@ -188,6 +296,15 @@ func resolvePath(p, home, base string) string {
 		p = filepath.Join(base, p)
 	}
 	return filepath.Clean(p)
+}
+
+// resolveBin resolves an executable like a file path when it names one (it
+// holds a '/' or starts with "~"); a bare name stays for a PATH lookup.
+func resolveBin(p, home, base string) string {
+	if p == "" || (!strings.Contains(p, "/") && !strings.HasPrefix(p, "~")) {
+		return p
+	}
+	return resolvePath(p, home, base)
 }
 
 // reader walks the decoded tree, assigning known keys and collecting every
@@ -247,6 +364,10 @@ func (r *reader) read(tree map[string]any, c *Config) {
 		},
 	}
 	for _, name := range sortedKeys(tree) {
+		if name == "runners" {
+			r.readRunners(tree[name], &c.Runners)
+			continue
+		}
 		fields, known := sections[name]
 		if !known {
 			r.warnings = append(r.warnings, fmt.Sprintf("config %s: [%s]: unknown section, ignored", r.path, name))
@@ -257,15 +378,74 @@ func (r *reader) read(tree map[string]any, c *Config) {
 			r.fail("["+name+"]", "must be a table, got %s", typeName(tree[name]))
 			continue
 		}
-		for _, key := range sortedKeys(table) {
-			full := "[" + name + "] " + key
-			i := slices.IndexFunc(fields, func(f field) bool { return f.key == key })
-			if i < 0 {
-				r.warnings = append(r.warnings, fmt.Sprintf("config %s: %s: unknown key, ignored", r.path, full))
-				continue
-			}
-			fields[i].assign(r, full, table[key])
+		r.readTable(name, table, fields)
+	}
+}
+
+func (r *reader) readTable(name string, table map[string]any, fields []field) {
+	for _, key := range sortedKeys(table) {
+		full := "[" + name + "] " + key
+		i := slices.IndexFunc(fields, func(f field) bool { return f.key == key })
+		if i < 0 {
+			r.warnings = append(r.warnings, fmt.Sprintf("config %s: %s: unknown key, ignored", r.path, full))
+			continue
 		}
+		fields[i].assign(r, full, table[key])
+	}
+}
+
+// readRunners reads the [runners.<kind>] tables.
+func (r *reader) readRunners(v any, rn *Runners) {
+	tables, ok := v.(map[string]any)
+	if !ok {
+		r.fail("[runners]", "must be a table of [runners.<kind>] tables, got %s", typeName(v))
+		return
+	}
+	kinds := map[string][]field{
+		"process": {
+			num("kill_grace_s", &rn.Process.KillGraceS),
+		},
+		"python": {
+			str("python", &rn.Python.Python),
+			num("kill_grace_s", &rn.Python.KillGraceS),
+		},
+		"docker": {
+			str("cli", &rn.Docker.CLI),
+			strList("global_args", &rn.Docker.GlobalArgs),
+			strList("run_args", &rn.Docker.RunArgs),
+			str("shell", &rn.Docker.Shell),
+			num("kill_grace_s", &rn.Docker.KillGraceS),
+		},
+		"gvisor": {
+			str("runsc", &rn.Gvisor.Runsc),
+			strList("global_args", &rn.Gvisor.GlobalArgs),
+			str("state_root", &rn.Gvisor.StateRoot),
+			str("cli", &rn.Gvisor.CLI),
+			strList("container_global_args", &rn.Gvisor.ContainerGlobalArgs),
+			strList("container_run_args", &rn.Gvisor.ContainerRunArgs),
+			num("kill_grace_s", &rn.Gvisor.KillGraceS),
+		},
+		"slurm": {
+			strList("srun_args", &rn.Slurm.SrunArgs),
+			strList("env", &rn.Slurm.Env),
+			str("bin_dir", &rn.Slurm.BinDir),
+			num("kill_grace_s", &rn.Slurm.KillGraceS),
+		},
+		"echo": {},
+	}
+	for _, kind := range sortedKeys(tables) {
+		name := "runners." + kind
+		fields, known := kinds[kind]
+		if !known {
+			r.warnings = append(r.warnings, fmt.Sprintf("config %s: [%s]: unknown runner kind (known: %s), ignored", r.path, name, strings.Join(RunnerKinds, ", ")))
+			continue
+		}
+		table, ok := tables[kind].(map[string]any)
+		if !ok {
+			r.fail("["+name+"]", "must be a table, got %s", typeName(tables[kind]))
+			continue
+		}
+		r.readTable(name, table, fields)
 	}
 }
 
@@ -328,11 +508,62 @@ func (r *reader) validate(c *Config) {
 	if c.Identity.Enabled && strings.TrimSpace(c.Identity.KeyFile) == "" {
 		r.fail("[identity] key_file", "is required when [identity] enabled = true")
 	}
+	r.validateRunners(&c.Runners)
 	if !slices.Contains([]string{"trace", "debug", "info", "warn", "error"}, c.Log.Level) {
 		r.fail("[log] level", "must be one of trace, debug, info, warn, error, got %q", c.Log.Level)
 	}
 	if !slices.Contains([]string{"auto", "json", "console"}, c.Log.Format) {
 		r.fail("[log] format", "must be one of auto, json, console, got %q", c.Log.Format)
+	}
+}
+
+func (r *reader) validateRunners(rn *Runners) {
+	for _, g := range []struct {
+		kind string
+		s    float64
+	}{
+		{"process", rn.Process.KillGraceS}, {"python", rn.Python.KillGraceS}, {"docker", rn.Docker.KillGraceS},
+		{"gvisor", rn.Gvisor.KillGraceS}, {"slurm", rn.Slurm.KillGraceS},
+	} {
+		if g.s <= 0 || g.s > 3600 {
+			r.fail("[runners."+g.kind+"] kill_grace_s", "must be > 0 and <= 3600 seconds, got %v", g.s)
+		}
+	}
+	for _, b := range []struct{ key, v string }{
+		{"[runners.python] python", rn.Python.Python},
+		{"[runners.docker] cli", rn.Docker.CLI},
+		{"[runners.docker] shell", rn.Docker.Shell},
+		{"[runners.gvisor] runsc", rn.Gvisor.Runsc},
+	} {
+		if strings.TrimSpace(b.v) == "" {
+			r.fail(b.key, "must not be empty")
+		}
+	}
+	if rn.Gvisor.CLI == "" && (len(rn.Gvisor.ContainerGlobalArgs) > 0 || len(rn.Gvisor.ContainerRunArgs) > 0) {
+		r.fail("[runners.gvisor] cli", "is required when container_global_args or container_run_args is set")
+	}
+	for _, l := range []struct {
+		key  string
+		args []string
+	}{
+		{"[runners.docker] global_args", rn.Docker.GlobalArgs},
+		{"[runners.docker] run_args", rn.Docker.RunArgs},
+		{"[runners.gvisor] global_args", rn.Gvisor.GlobalArgs},
+		{"[runners.gvisor] container_global_args", rn.Gvisor.ContainerGlobalArgs},
+		{"[runners.gvisor] container_run_args", rn.Gvisor.ContainerRunArgs},
+		{"[runners.slurm] srun_args", rn.Slurm.SrunArgs},
+	} {
+		for i, a := range l.args {
+			if a == "" || strings.ContainsRune(a, 0) {
+				r.fail(l.key, "entry %d must be a non-empty argument without NUL bytes, got %q", i, a)
+			}
+		}
+	}
+	for i, e := range rn.Slurm.Env {
+		k, _, ok := strings.Cut(e, "=")
+		if !ok || k == "" || strings.ContainsAny(k, " \t\n") || strings.ContainsRune(e, 0) {
+			r.fail("[runners.slurm] env", "entry %d must be KEY=VALUE, got %q", i, e)
+		}
 	}
 }
 

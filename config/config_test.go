@@ -231,3 +231,129 @@ func TestExpandHome(t *testing.T) {
 		}
 	}
 }
+
+func TestRunnerTables(t *testing.T) {
+	src := `
+[server]
+url = "http://h"
+
+[runners.process]
+kill_grace_s = 1
+
+[runners.python]
+python = "~/venv/bin/python3"
+kill_grace_s = 0.5
+
+[runners.docker]
+cli = "podman"
+global_args = ["--runtime", "runc", "--cgroup-manager", "cgroupfs"]
+run_args = ["--network=none", "--ulimit", "nofile=1024:1024"]
+shell = "/bin/ash"
+
+[runners.gvisor]
+runsc = "/usr/bin/runsc"
+global_args = ["--platform=systrap"]
+state_root = "state"
+cli = "podman"
+container_global_args = ["--runtime", "/usr/bin/runsc"]
+container_run_args = ["--network=none"]
+kill_grace_s = 2
+
+[runners.slurm]
+srun_args = ["--partition=debug"]
+env = ["SLURM_CONF=/etc/slurm/test.conf", "EMPTY="]
+bin_dir = "/opt/slurm/bin"
+
+[runners.echo]
+`
+	c, err := config.Parse("/cfg/nymph.toml", []byte(src), "/home/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.Runners{
+		Process: config.ProcessRunner{KillGraceS: 1},
+		Python:  config.PythonRunner{Python: "/home/u/venv/bin/python3", KillGraceS: 0.5},
+		Docker: config.DockerRunner{CLI: "podman", GlobalArgs: []string{"--runtime", "runc", "--cgroup-manager", "cgroupfs"},
+			RunArgs: []string{"--network=none", "--ulimit", "nofile=1024:1024"}, Shell: "/bin/ash", KillGraceS: 5},
+		Gvisor: config.GvisorRunner{Runsc: "/usr/bin/runsc", GlobalArgs: []string{"--platform=systrap"}, StateRoot: "/cfg/state",
+			CLI: "podman", ContainerGlobalArgs: []string{"--runtime", "/usr/bin/runsc"}, ContainerRunArgs: []string{"--network=none"}, KillGraceS: 2},
+		Slurm: config.SlurmRunner{SrunArgs: []string{"--partition=debug"}, Env: []string{"SLURM_CONF=/etc/slurm/test.conf", "EMPTY="},
+			BinDir: "/opt/slurm/bin", KillGraceS: 5},
+	}
+	if !reflect.DeepEqual(c.Runners, want) {
+		t.Fatalf("got  %+v\nwant %+v", c.Runners, want)
+	}
+	if len(c.Warnings) != 0 {
+		t.Fatalf("warnings: %v", c.Warnings)
+	}
+}
+
+func TestRunnerTableProblems(t *testing.T) {
+	src := `
+[server]
+url = "http://h"
+
+[runners.python]
+python = ""
+kill_grace_s = 0
+
+[runners.docker]
+cli = 7
+global_args = "--runtime runc"
+run_args = ["--network=none", ""]
+
+[runners.gvisor]
+container_run_args = ["--network=none"]
+kill_grace_s = "soon"
+colour = "blue"
+
+[runners.slurm]
+env = ["SLURM_CONF", "=x", "OK=1"]
+srun_args = [1]
+
+[runners.teleport]
+x = 1
+`
+	c, err := config.Parse("/cfg/nymph.toml", []byte(src), "/h")
+	if err == nil {
+		t.Fatalf("want an error, got %+v", c)
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		`[runners.python] python: must not be empty`,
+		`[runners.python] kill_grace_s: must be > 0 and <= 3600 seconds, got 0`,
+		`[runners.docker] cli: must be a string, got integer 7`,
+		`[runners.docker] global_args: must be a list of strings, got string "--runtime runc"`,
+		`[runners.docker] run_args: entry 1 must be a non-empty argument`,
+		`[runners.gvisor] cli: is required when container_global_args or container_run_args is set`,
+		`[runners.gvisor] kill_grace_s: must be a number, got string "soon"`,
+		`[runners.slurm] env: entry 0 must be KEY=VALUE, got "SLURM_CONF"`,
+		`[runners.slurm] env: entry 1 must be KEY=VALUE, got "=x"`,
+		`[runners.slurm] srun_args: entry 0 must be a string, got integer 1`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("missing %q in:\n%s", want, msg)
+		}
+	}
+	if strings.Contains(msg, `"OK=1"`) {
+		t.Errorf("a good env entry reported:\n%s", msg)
+	}
+	for _, line := range strings.Split(msg, "\n") {
+		if !strings.HasPrefix(line, "config /cfg/nymph.toml: ") {
+			t.Errorf("line does not name the file: %q", line)
+		}
+	}
+
+	c, err = config.Parse("/c.toml", []byte("[server]\nurl = \"http://h\"\n[runners.teleport]\nx = 1\n[runners.docker]\ncolour = 1\n"), "/h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Warnings) != 2 || !strings.Contains(c.Warnings[0], "[runners.docker] colour: unknown key") ||
+		!strings.Contains(c.Warnings[1], "[runners.teleport]: unknown runner kind") {
+		t.Fatalf("warnings = %q", c.Warnings)
+	}
+	if _, err := config.Parse("/c.toml", []byte("[server]\nurl = \"http://h\"\n[runners]\ndocker = \"podman\"\n"), "/h"); err == nil ||
+		!strings.Contains(err.Error(), `[runners.docker]: must be a table, got string "podman"`) {
+		t.Fatalf("err = %v", err)
+	}
+}
