@@ -64,7 +64,7 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 	if err != nil {
 		versions = []byte("{}")
 	}
-	wk, created, err := s.st.Hello(r.Context(), store.Hello{
+	wk, created, keyID, rej, err := s.storeHello(r.Context(), store.Hello{
 		NewID:     newWorkerID(now),
 		Namespace: p.namespace,
 		MachineID: req.MachineID,
@@ -84,6 +84,10 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		writeDaemonError(w, err)
 		return
 	}
+	if rej != nil {
+		s.helloVerdict(w, r, req, &helloReject{*rej})
+		return
+	}
 	s.log.Info().Str("worker_id", wk.ID).Str("machine_id", wk.MachineID).Str("label", wk.Label).
 		Bool("created", created).Str("daemon_version", *req.Versions.Daemon).Msg("hello")
 	session := newULID()
@@ -95,6 +99,8 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		Config:           map[string]any{},
 		Cursor:           &cursor,
 		ServerTimeEpochS: &epoch,
+		KeyID:              keyID,
+		KeyRotationMaxAgeS: s.keyRotationMaxAgeS(),
 	})
 }
 

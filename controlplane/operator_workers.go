@@ -120,6 +120,7 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
 	for _, wk := range all {
 		out.Workers = append(out.Workers, s.workerView(wk, now))
 	}
+	s.withKeys(r.Context(), ns, out.Workers)
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -129,7 +130,9 @@ func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.workerView(wk, s.now()))
+	v := []operatorapi.Worker{s.workerView(wk, s.now())}
+	s.withKeys(r.Context(), wk.Namespace, v)
+	writeJSON(w, http.StatusOK, v[0])
 }
 
 // handleKillWorker removes the row. No cloud provider is configured, so

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log"
@@ -49,6 +50,17 @@ type Config struct {
 	// StaleAfter is how long a worker may go unseen before it reads back
 	// stale; zero means operatorapi.StaleAfter. Tests shorten it.
 	StaleAfter time.Duration
+	// RequireSignatures turns away unsigned daemon requests: hellos without
+	// a signature or an enrollment token, and bearer-only requests on the
+	// signature-guarded routes (LAKESHORE_REQUIRE_DAEMON_SIGNATURES=1).
+	RequireSignatures bool
+	// KeyRotationMaxAge, when positive, queues rotate_key for a daemon whose
+	// key is older, and is advertised as hello's key_rotation_max_age_s.
+	KeyRotationMaxAge time.Duration
+	// TLSCertFile and TLSKeyFile (PEM), both or neither, make Serve speak
+	// HTTPS.
+	TLSCertFile string
+	TLSKeyFile  string
 }
 
 // Caps on how long one request may wait for something to happen.
@@ -73,6 +85,8 @@ type Server struct {
 	wake              *hub
 	handler           http.Handler
 	rel               releaseState
+	ident             *identityState
+	tls               *tls.Config
 
 	// Tests shorten these; the protocol fixes them at 20 s.
 	pollCap time.Duration
@@ -170,6 +184,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.openReleases(cfg.DataDir); err != nil {
 		return nil, err
 	}
+	if s.tls, err = loadTLS(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
 	s.st = cfg.Store
 	if s.st == nil {
 		db, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "lakeshore.db"))
@@ -178,6 +195,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		s.st = db
 	}
+	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge)
 	s.handler = s.middleware(s.routes())
 	return s, nil
 }
@@ -196,7 +214,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // long-polls answer at once, other requests get a few seconds to finish.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.publicURL.Load() == nil {
-		u := "http://" + advertisedAddr(ln.Addr(), s.addr)
+		u := s.scheme() + "://" + advertisedAddr(ln.Addr(), s.addr)
 		s.publicURL.CompareAndSwap(nil, &u)
 	}
 	srv := &http.Server{
@@ -217,7 +235,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		done <- srv.Shutdown(sctx)
 	}()
 	s.log.Info().Str("addr", ln.Addr().String()).Str("public_url", s.currentPublicURL("")).Msg("control plane listening")
-	err := srv.Serve(ln)
+	var err error
+	if s.tls != nil {
+		srv.TLSConfig = s.tls
+		err = srv.ServeTLS(ln, "", "")
+	} else {
+		err = srv.Serve(ln)
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		if serr := <-done; serr != nil {
 			return fmt.Errorf("controlplane: shutdown: %w", serr)
@@ -252,9 +276,9 @@ func (s *Server) currentPublicURL(host string) string {
 		return *u
 	}
 	if host != "" {
-		return "http://" + host
+		return s.scheme() + "://" + host
 	}
-	return "http://" + s.addr
+	return s.scheme() + "://" + s.addr
 }
 
 // advertisedAddr replaces an unspecified listen IP by loopback, which is the
@@ -274,10 +298,11 @@ func advertisedAddr(a net.Addr, fallback string) string {
 func (s *Server) routes() *http.ServeMux {
 	mux := http.NewServeMux()
 
-	mux.HandleFunc("POST /v1/daemon/hello", s.daemonAuth(s.handleHello))
-	mux.HandleFunc("POST /v1/daemon/poll", s.daemonAuth(s.handlePoll))
-	mux.HandleFunc("POST /v1/daemon/ack", s.daemonAuth(s.handleAck))
-	mux.HandleFunc("POST /v1/daemon/event", s.daemonAuth(s.handleEvent))
+	mux.HandleFunc("POST /v1/daemon/hello", s.helloAuth(s.handleHello))
+	mux.HandleFunc("POST /v1/daemon/poll", s.signedAuth(limitSmall, s.handlePoll))
+	mux.HandleFunc("POST /v1/daemon/ack", s.signedAuth(limitAck, s.handleAck))
+	mux.HandleFunc("POST /v1/daemon/event", s.signedAuth(limitChunk, s.handleEvent))
+	mux.HandleFunc("POST /v1/daemon/keys", s.handleKeys)
 	mux.HandleFunc("POST /v1/daemon/result-chunk", s.daemonAuth(s.handleResultChunk))
 	mux.HandleFunc("POST /v1/daemon/exec/{exec_id}/result", s.handleExecResult)
 	mux.HandleFunc("POST /v1/daemon/exec/{exec_id}/chunk", s.handleExecChunk)
@@ -295,6 +320,8 @@ func (s *Server) routes() *http.ServeMux {
 	mux.HandleFunc(operatorapi.RouteCancel, s.adminAuth(s.handleCancel))
 	mux.HandleFunc(operatorapi.RouteCreateToken, s.adminAuth(s.handleCreateToken))
 	mux.HandleFunc(operatorapi.RouteListCommands, s.adminAuth(s.handleListCommands))
+	mux.HandleFunc(operatorapi.RouteRotateKey, s.adminAuth(s.handleRotateKey))
+	mux.HandleFunc(operatorapi.RouteRevokeKey, s.adminAuth(s.handleRevokeKey))
 	s.releaseRoutes(mux)
 	return mux
 }
