@@ -178,6 +178,7 @@ else ~/.config/lakeshore/credentials.json), so no flag is needed there.
 		a.queueExecCmd(),
 		a.completionCmd(),
 		a.versionCmd(),
+		a.releaseCmd(), a.queueCmd(),
 	)
 	return root
 }
