@@ -93,12 +93,12 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 	session := newULID()
 	cursor := strconv.FormatInt(wk.AckedSeq, 10)
 	writeMsgpack(w, http.StatusOK, &messages.HelloResponse{
-		WorkerID:         &wk.ID,
-		SessionToken:     &session,
-		SessionTTLS:      sessionTTLS,
-		Config:           map[string]any{},
-		Cursor:           &cursor,
-		ServerTimeEpochS: &epoch,
+		WorkerID:           &wk.ID,
+		SessionToken:       &session,
+		SessionTTLS:        sessionTTLS,
+		Config:             map[string]any{},
+		Cursor:             &cursor,
+		ServerTimeEpochS:   &epoch,
 		KeyID:              keyID,
 		KeyRotationMaxAgeS: s.keyRotationMaxAgeS(),
 	})
