@@ -6,15 +6,16 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"nymph/actors"
+	otaactor "nymph/actors/ota"
 	"nymph/actors/poller"
 	"nymph/buildinfo"
 	"nymph/config"
@@ -22,13 +23,6 @@ import (
 	"nymph/identity"
 	"nymph/messages"
 	"nymph/outbox"
-	"nymph/runners"
-	"nymph/runners/docker"
-	"nymph/runners/echo"
-	"nymph/runners/gvisor"
-	"nymph/runners/process"
-	"nymph/runners/python"
-	"nymph/runners/slurm"
 	"nymph/uplink"
 )
 
@@ -55,10 +49,19 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
-	registry := runnerRegistry(cfg.Runtime.Runners, log)
-	kinds := slices.Sorted(maps.Keys(registry))
+	registry := runnerRegistry(cfg.Runtime.Runners, cfg.Runners, log)
+	kinds := ordered(cfg.Runtime.Runners, slices.Sorted(maps.Keys(registry)))
+	if _, missing := available(kinds, cfg.Runners, exec.LookPath); len(missing) > 0 {
+		for _, k := range slices.Sorted(maps.Keys(missing)) {
+			log.Warn().Str("runner", k).Err(missing[k]).Msg("runner configured but its executable is missing; not advertised until it is found")
+		}
+	}
 	reprobe := func(context.Context) messages.Capabilities {
-		return probe.Capabilities(ordered(cfg.Runtime.Runners, kinds), cfg.Runtime.MaxInvocations, cfg.Runtime.Workdir)
+		caps := probe.Capabilities(kinds, cfg.Runtime.MaxInvocations, cfg.Runtime.Workdir)
+		// What this host can run depends on the configured executables
+		// ([runners.<kind>]), not on the default names.
+		caps.Runners, _ = available(kinds, cfg.Runners, exec.LookPath)
+		return caps
 	}
 	versions := probe.Versions(ctx, buildinfo.Version)
 	hello := messages.HelloRequest{
@@ -77,22 +80,11 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if cfg.Server.CAFile != "" {
 		opts = append(opts, uplink.WithCAFile(cfg.Server.CAFile))
 	}
-	if cfg.Identity.Enabled {
-		key, created, err := identity.LoadOrCreate(cfg.Identity.KeyFile)
-		if err != nil {
-			return &exitError{code: exitUsage, err: fmt.Errorf("[identity] key_file: %w", err)}
-		}
-		log.Info().Str("key_id", key.ID()).Bool("created", created).Msg("identity key loaded")
-		hello.PublicKey = key.PublicKeyB64()
-		opts = append(opts, uplink.WithSigner(key))
-		if cfg.Identity.EnrollTokenFile != "" {
-			if tok, err := os.ReadFile(cfg.Identity.EnrollTokenFile); err == nil {
-				opts = append(opts, uplink.WithHelloToken(string(tok)))
-			} else if !errors.Is(err, os.ErrNotExist) {
-				return &exitError{code: exitUsage, err: fmt.Errorf("[identity] enroll_token_file: %w", err)}
-			}
-		}
+	holder, idOpts, err := identityWiring(cfg, log)
+	if err != nil {
+		return &exitError{code: exitUsage, err: err}
 	}
+	opts = append(opts, idOpts...)
 	client, err := uplink.New(cfg.Server.URL, opts...)
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
@@ -120,15 +112,21 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 		Workdir:       cfg.Runtime.Workdir,
 		DefaultRunner: cfg.Runtime.DefaultRunner,
 	}
-	d, err := actors.New(settings, actors.Deps{
-		Server: client, Results: box, Runners: registry, Reprobe: reprobe, Log: log,
-	})
+	grace := seconds(cfg.Runtime.ShutdownGraceS)
+	updater, otaDeps, err := otaWiring(cfg, grace, log)
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
 	}
+	keysDeps, keysOpt := keysChild(holder, client, cfg, log)
+	d, err := actors.New(settings, actors.Deps{
+		Server: loggingServer{Client: client, log: log}, Results: box, Runners: registry, Reprobe: reprobe, Log: log,
+	}, actors.WithChild(otaactor.Name, otaactor.Props(otaDeps), messages.KindOtaUpdate), keysOpt)
+	if err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
+	keysDeps.WorkerID = d.PollerState().WorkerID
 	log.Info().Str("version", buildinfo.Version).Str("server", cfg.Server.URL).Str("machine_id", machineID).
 		Str("queue", cfg.Daemon.Queue).Strs("runners", hello.Capabilities.Runners).Msg("nymph starting")
-	grace := seconds(cfg.Runtime.ShutdownGraceS)
 	sigs := make(chan os.Signal, 3)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
@@ -136,12 +134,14 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 		return &exitError{code: exitFailed, err: err}
 	}
 
+	var signalled atomic.Bool // a signal wins over an update's exec
 	go func() {
 		n := 0
 		for {
 			select {
 			case s := <-sigs:
 				n++
+				signalled.Store(true)
 				switch n {
 				case 1:
 					log.Info().Str("signal", s.String()).Dur("grace", grace).Msg("stopping: running work gets the shutdown grace")
@@ -165,6 +165,11 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if err := box.Close(flushCtx); err != nil {
 		log.Warn().Err(err).Msg("results left for the next start")
 	}
+	if runErr == nil {
+		if err := handOff(flushCtx, updater, otaDeps.State, signalled.Load(), log); err != nil {
+			return &exitError{code: exitFailed, err: err}
+		}
+	}
 	var rej *actors.RejectError
 	switch {
 	case errors.As(runErr, &rej):
@@ -178,32 +183,6 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	return nil
 }
 
-// runnerRegistry builds the configured runners this binary has.
-func runnerRegistry(kinds []string, log zerolog.Logger) map[string]runners.Runner {
-	out := map[string]runners.Runner{}
-	for _, k := range kinds {
-		switch k {
-		case process.Kind:
-			out[k] = process.New(log)
-		case echo.Kind:
-			out[k] = echo.New()
-		case python.Kind:
-			out[k] = python.New(log)
-		case docker.Kind:
-			out[k] = docker.New(log)
-		case gvisor.Kind:
-			out[k] = gvisor.New(log)
-		case slurm.Kind:
-			out[k] = slurm.New(log)
-		}
-	}
-	// Setup scripts always run through the process runner.
-	if _, ok := out[process.Kind]; !ok {
-		out[process.Kind] = process.New(log)
-	}
-	return out
-}
-
 // ordered keeps the config's order of the kinds the registry has.
 func ordered(configured, have []string) []string {
 	var out []string
@@ -214,8 +193,6 @@ func ordered(configured, have []string) []string {
 	}
 	return out
 }
-
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // The implementations chosen here satisfy what the tree declares it needs.
 var (
