@@ -171,6 +171,10 @@ func lookup(m map[string]any, path string) (v any, present bool, err error) {
 	cur := any(m)
 	walked := ""
 	for _, k := range strings.Split(path, ".") {
+		if cur == nil {
+			// A nil parent (error: nil on a successful ack) has no fields.
+			return nil, false, nil
+		}
 		mm, ok := cur.(map[string]any)
 		if !ok {
 			return nil, false, badField(http.StatusUnprocessableEntity, walked, "must be a map")
