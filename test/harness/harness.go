@@ -322,9 +322,11 @@ type DaemonOptions struct {
 	KeepAliveS int
 	GraceS     int
 	WaitMaxS   float64
-	ExtraTOML  string
-	Env        []string
-	NoWait     bool // do not wait for the worker to register
+	// MaxInvocations is [runtime] max_invocations (0: unbounded).
+	MaxInvocations int
+	ExtraTOML      string
+	Env            []string
+	NoWait         bool // do not wait for the worker to register
 }
 
 // StartDaemon writes a config and starts nymph against cp.
@@ -372,11 +374,12 @@ default_runner = %q
 workdir = %q
 keep_alive_s = %d
 shutdown_grace_s = %d
+max_invocations = %d
 
 [log]
 level = "debug"
 format = "json"
-`, cp.URL, tokenFile, "host-"+o.Label, o.Label, tomlList(o.Tags), o.Queue, o.WaitMaxS, tomlList(o.Runners), o.Runners[0], workdir, o.KeepAliveS, o.GraceS)
+`, cp.URL, tokenFile, "host-"+o.Label, o.Label, tomlList(o.Tags), o.Queue, o.WaitMaxS, tomlList(o.Runners), o.Runners[0], workdir, o.KeepAliveS, o.GraceS, o.MaxInvocations)
 	cfg += "\n" + o.ExtraTOML + "\n"
 	cfgPath := filepath.Join(dir, "nymph.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
