@@ -118,7 +118,10 @@ type options struct {
 // WithChild adds a child to the root: it is spawned, supervised and
 // respawned like the others, receives every command of the given kinds as a
 // *messages.Dispatch, and gets Shutdown and GraceExpired. This is how the
-// OTA actor (ota_update) and the keys actor (rotate_key) plug in.
+// OTA actor (ota_update) and the keys actor (rotate_key) plug in. The child
+// that takes ota_update also gets each *poller.TargetVersion, and may ask for
+// a graceful stop by sending *messages.Shutdown to its parent (the OTA
+// actor drains in-flight work that way before the new binary is exec'd).
 func WithChild(name string, props *actor.Props, kinds ...string) Option {
 	return func(o *options) { o.extras = append(o.extras, extraChild{name: name, props: props, kinds: kinds}) }
 }

@@ -73,6 +73,11 @@ func (r *root) Receive(ctx actor.Context) {
 	case *messages.ExecFinished, *messages.RunFinished, *messages.SetupFinished:
 		r.send(ctx, PollerName, &messages.Wake{})
 		r.checkDone(ctx)
+	case *poller.TargetVersion:
+		// Auto-update belongs to whichever child takes ota_update.
+		if name, ok := r.routes[messages.KindOtaUpdate]; ok {
+			r.send(ctx, name, m)
+		}
 	case *messages.Registered:
 		r.d.log.Info().Str("worker_id", m.WorkerID).Bool("provisional", m.Provisional).Msg("daemon registered")
 	case *messages.HelloRejected:

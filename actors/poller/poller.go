@@ -82,6 +82,13 @@ func Props(d *Deps) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor { return &poller{d: d} }, d.PropsOptions...)
 }
 
+// TargetVersion is sent to the parent for every poll response that carries
+// a target_nymph_version: the fleet's wanted daemon version, for
+// auto-update to compare with its own. The poller itself does nothing with it.
+type TargetVersion struct {
+	Version string
+}
+
 // Self-messages. seq/gen tie each one to the request or timer it answers.
 type (
 	helloDone struct {
@@ -314,6 +321,10 @@ func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
 		}
 	}
 	p.d.State.setCursor(cursorOr(m.resp.Cursor, p.d.State.Cursor()))
+	// After the batch, so an ota_update in it is seen before the target.
+	if v := m.resp.TargetNymphVersion; v != nil && *v != "" {
+		ctx.Send(ctx.Parent(), &TargetVersion{Version: *v})
+	}
 	p.maybePoll(ctx)
 }
 
