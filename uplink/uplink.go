@@ -8,6 +8,13 @@
 // Credentials (the bearer and, when a Signer is set, the request signature)
 // are only ever attached to requests for the control plane's own origin; a
 // server-supplied URL on another host (a presigned download, say) gets none.
+//
+// With a signer, hello carries the public key of the key that signs it and,
+// while that key is not enrolled yet, the one-shot enrollment token as its
+// bearer (WithEnrollToken). A RotatingSigner lets key rotation replace the
+// key while requests are in flight: a request refused with 401 because the
+// key that signed it was replaced meanwhile is signed again and sent once
+// more, so a rotation fails no request.
 package uplink
 
 import (
@@ -23,8 +30,10 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
+	"nymph/identity"
 	"nymph/messages"
 )
 
@@ -62,19 +71,35 @@ func PresignPath(namespace string) string {
 }
 
 // Signer signs a request over its exact body bytes. *identity.Key
-// satisfies it; without one, requests carry only the bearer.
+// satisfies it; without one, requests carry only the bearer and no X-LS-*
+// header at all.
 type Signer interface {
 	SignRequest(req *http.Request, body []byte, now time.Time) error
 }
 
+// RotatingSigner is a Signer whose key can be replaced while requests are in
+// flight (key rotation).
+type RotatingSigner interface {
+	Signer
+	// Key is the key requests are signed with now.
+	Key() *identity.Key
+	// Replaced waits until no replacement is under way (or ctx ends) and
+	// reports whether the key with id keyID has been replaced by another.
+	Replaced(ctx context.Context, keyID string) bool
+}
+
 // Client talks to one control plane. It is safe for concurrent use.
 type Client struct {
-	base       *url.URL
-	token      string
-	helloToken string
-	signer     Signer
-	http       *http.Client
-	now        func() time.Time
+	base   *url.URL
+	token  string
+	signer Signer
+	http   *http.Client
+	now    func() time.Time
+
+	// mu guards the enrollment token, dropped once a hello is accepted.
+	mu          sync.Mutex
+	enrollToken string
+	enrollEager bool
 }
 
 // Option configures a Client.
@@ -102,10 +127,20 @@ func WithTokenFile(path string) Option {
 }
 
 // WithHelloToken sets the bearer of hello requests only: the one-shot
-// enrollment token (dle_…) that comes with a new public key.
-func WithHelloToken(token string) Option {
+// enrollment token (dle_…) that comes with a new public key. It is
+// WithEnrollToken(token, true).
+func WithHelloToken(token string) Option { return WithEnrollToken(token, true) }
+
+// WithEnrollToken sets the one-shot enrollment token (dle_…) that hello
+// presents as its bearer so the control plane enrolls the signing key. With
+// eager, every hello carries it — right for a key made on this start, which
+// cannot be enrolled yet. Otherwise a hello goes without it, and presents it
+// only when refused with enroll_token_required: a key enrolled on an earlier
+// start says hello with its signature alone. Once a hello is accepted the
+// token is never sent again.
+func WithEnrollToken(token string, eager bool) Option {
 	return func(c *Client) error {
-		c.helloToken = strings.TrimSpace(token)
+		c.enrollToken, c.enrollEager = strings.TrimSpace(token), eager
 		return nil
 	}
 }
@@ -222,13 +257,69 @@ func Retryable(err error) bool {
 // bearerKey carries a per-request bearer override in a context.
 type bearerKey struct{}
 
-// Hello sends the first-contact request.
+// signerKey carries a per-request signer override in a context.
+type signerKey struct{}
+
+// Hello sends the first-contact request. With a key to sign with, the
+// request's public_key is that key's, and the hello is signed by it even if
+// a rotation replaces it meanwhile; the enrollment token rides along as
+// WithEnrollToken describes.
 func (c *Client) Hello(ctx context.Context, req *messages.HelloRequest) (*messages.HelloResponse, error) {
-	var resp messages.HelloResponse
-	if c.helloToken != "" {
-		ctx = context.WithValue(ctx, bearerKey{}, c.helloToken)
+	r := *req
+	if key := c.currentKey(); key != nil {
+		r.PublicKey = key.PublicKeyB64()
+		ctx = context.WithValue(ctx, signerKey{}, Signer(key))
 	}
+	c.mu.Lock()
+	tok, eager := c.enrollToken, c.enrollEager
+	c.mu.Unlock()
+	resp, err := c.hello(ctx, &r, tok, eager)
+	if err == nil && !eager && tok != "" && resp.Reject != nil && resp.Reject.Code == messages.RejectEnrollTokenRequired {
+		resp, err = c.hello(ctx, &r, tok, true)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if resp.Reject == nil && tok != "" {
+		c.mu.Lock()
+		c.enrollToken = ""
+		c.mu.Unlock()
+	}
+	return resp, nil
+}
+
+func (c *Client) hello(ctx context.Context, req *messages.HelloRequest, tok string, withTok bool) (*messages.HelloResponse, error) {
+	if withTok && tok != "" {
+		ctx = context.WithValue(ctx, bearerKey{}, tok)
+	}
+	var resp messages.HelloResponse
 	if err := c.call(ctx, PathHello, req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+// currentKey is the key the client signs with now, when it knows one.
+func (c *Client) currentKey() *identity.Key {
+	switch s := c.signer.(type) {
+	case RotatingSigner:
+		return s.Key()
+	case *identity.Key:
+		return s
+	}
+	return nil
+}
+
+// RotateKey posts a new public key to /v1/daemon/keys signed by outgoing,
+// the key it replaces, whatever the client signs other requests with. Its
+// 401 is final: no other key is tried.
+func (c *Client) RotateKey(ctx context.Context, req *messages.KeysRequest, outgoing *identity.Key) (*messages.KeysResponse, error) {
+	if outgoing == nil {
+		return nil, errors.New("rotate key: no outgoing key to sign with")
+	}
+	ctx = context.WithValue(ctx, signerKey{}, Signer(outgoing))
+	var resp messages.KeysResponse
+	if err := c.call(ctx, PathKeys, req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
@@ -334,37 +425,9 @@ func (c *Client) call(ctx context.Context, path string, in, out any) error {
 // do performs one request. limit > 0 reads the body up to limit bytes;
 // limit 0 drains and discards it (so the connection is reused).
 func (c *Client) do(ctx context.Context, method string, u *url.URL, contentType string, body []byte, limit int64) ([]byte, error) {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	resp, err := c.send(ctx, method, u, contentType, body)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, u, err)
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	if contentType == messages.ContentType || method == http.MethodPost {
-		req.Header.Set("Accept", messages.ContentType)
-	}
-	if c.sameOrigin(u) {
-		token := c.token
-		if t, ok := ctx.Value(bearerKey{}).(string); ok {
-			token = t
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		if c.signer != nil {
-			if err := c.signer.SignRequest(req, body, c.now()); err != nil {
-				return nil, fmt.Errorf("sign %s %s: %w", method, u.Path, err)
-			}
-		}
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, u.Redacted(), err)
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
@@ -384,6 +447,74 @@ func (c *Client) do(ctx context.Context, method string, u *url.URL, contentType 
 		return nil, fmt.Errorf("%s %s: body larger than %d bytes", method, u.Redacted(), limit)
 	}
 	return data, nil
+}
+
+// maxResign bounds how often one request is signed again after 401s: once
+// per rotation that overtook it.
+const maxResign = 3
+
+// send sends one request and returns the response, whatever its status. A
+// 401 to a request signed by a key that a rotation replaced meanwhile is
+// sent again, signed by the new key.
+func (c *Client) send(ctx context.Context, method string, u *url.URL, contentType string, body []byte) (*http.Response, error) {
+	signer, override := ctx.Value(signerKey{}).(Signer)
+	if !override {
+		signer = c.signer
+	}
+	rotating, _ := c.signer.(RotatingSigner)
+	for attempt := 0; ; attempt++ {
+		req, err := c.newRequest(ctx, method, u, contentType, body, signer)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.http.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", method, u.Redacted(), err)
+		}
+		if resp.StatusCode != http.StatusUnauthorized || attempt >= maxResign || override || rotating == nil {
+			return resp, nil
+		}
+		kid := req.Header.Get(identity.HeaderKeyID)
+		if kid == "" || !rotating.Replaced(ctx, kid) {
+			return resp, nil
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+	}
+}
+
+// newRequest builds one request with its headers and credentials.
+func (c *Client) newRequest(ctx context.Context, method string, u *url.URL, contentType string, body []byte, signer Signer) (*http.Request, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, u, err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if contentType == messages.ContentType || method == http.MethodPost {
+		req.Header.Set("Accept", messages.ContentType)
+	}
+	if !c.sameOrigin(u) {
+		return req, nil
+	}
+	token := c.token
+	if t, ok := ctx.Value(bearerKey{}).(string); ok {
+		token = t
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if signer != nil {
+		if err := signer.SignRequest(req, body, c.now()); err != nil {
+			return nil, fmt.Errorf("sign %s %s: %w", method, u.Path, err)
+		}
+	}
+	return req, nil
 }
 
 func (c *Client) sameOrigin(u *url.URL) bool {
