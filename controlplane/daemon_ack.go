@@ -19,8 +19,10 @@ var ackChecks = []check{
 	{path: "worker_id", kind: kString},
 }
 
-// handleAck stores the terminal outcome of a run. A repeat is a no-op, so a
-// daemon retrying a post it could not confirm does no harm.
+// handleAck stores the terminal outcome of a run. A repeat, or an ack for an
+// invocation already finished another way (cancelled, failed as lost), is a
+// no-op, so a daemon retrying a post it could not confirm does no harm; an
+// invocation this control plane never handed out is a 404.
 func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
 	body, err := readBody(w, r, limitAck)
 	if err != nil {
@@ -48,20 +50,37 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, _ daemonPrinc
 		return
 	}
 	var errJSON json.RawMessage
-	if ack.Error != nil {
+	if ack.Error != nil && ack.State != messages.StateSucceeded {
 		errJSON, _ = json.Marshal(ack.Error)
 	}
-	applied, err := s.st.SaveAck(r.Context(), store.Ack{
-		InvocationID: ack.InvocationID, WorkerID: ack.WorkerID, State: ack.State,
-		ResultBlob: ack.ResultBlob, Error: errJSON, ReceivedAt: s.now(),
+	// The result is kept only for a success, as the protocol says it is
+	// empty otherwise.
+	var result []byte
+	if ack.State == messages.StateSucceeded {
+		result = nonNilBytes(ack.ResultBlob)
+	}
+	inv, applied, err := s.st.FinishInvocation(r.Context(), store.Finish{
+		ID: ack.InvocationID, State: ack.State, From: []string{store.InvocationRunning},
+		Result: result, Error: errJSON, Now: s.now(),
 	})
+	if isNotFound(err) {
+		s.log.Info().Str("invocation_id", ack.InvocationID).Str("worker_id", ack.WorkerID).Msg("ack for an unknown invocation")
+		writeDaemonError(w, badField(http.StatusNotFound, "invocation_id", "unknown invocation"))
+		return
+	}
 	if err != nil {
 		s.log.Error().Err(err).Str("invocation_id", ack.InvocationID).Msg("ack: store")
 		writeDaemonError(w, err)
 		return
 	}
+	if applied {
+		s.wake.broadcast(invocationKey(inv.ID))
+		// A finished run frees a slot: a parked poll of its worker may now
+		// claim more.
+		s.wake.broadcast(workerKey(inv.WorkerID))
+	}
 	s.log.Info().Str("invocation_id", ack.InvocationID).Str("worker_id", ack.WorkerID).Str("state", ack.State).
-		Bool("duplicate", !applied).Msg("invocation acknowledged")
+		Str("stored_state", inv.State).Bool("duplicate", !applied).Msg("invocation acknowledged")
 	writeMsgpack(w, http.StatusOK, map[string]any{"ok": true, "duplicate": !applied})
 }
 

@@ -60,6 +60,7 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 		writeDaemonError(w, err)
 		return
 	}
+	s.reportRunning(r.Context(), wk.ID, poll.Running, log)
 
 	// after is where delivery resumes. With a cursor it is the cursor, but
 	// never past what was delivered; without one, everything unacknowledged
@@ -78,6 +79,7 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 	var cmds []store.Command
 	for {
 		woken, release := s.wake.subscribe(workerKey(wk.ID))
+		s.dispatch(r.Context(), wk.ID, log)
 		cmds, err = s.st.Take(r.Context(), wk.ID, after, pollBatch, legacy, s.now())
 		if err != nil || len(cmds) > 0 {
 			release()

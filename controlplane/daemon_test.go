@@ -558,7 +558,8 @@ func TestStreamedOutputInOrderAndLongPoll(t *testing.T) {
 
 func TestAckEventAndResultChunkAreStored(t *testing.T) {
 	e := newEnv(t)
-	ack := &messages.Ack{InvocationID: "inv1", State: messages.StateFailed, Error: &messages.AckError{Type: "ValueError", Message: "bad"}, WorkerID: "w"}
+	inv, _ := e.runningInvocation("m")
+	ack := &messages.Ack{InvocationID: inv, State: messages.StateFailed, Error: &messages.AckError{Type: "ValueError", Message: "bad"}, WorkerID: "w"}
 	for i := 0; i < 2; i++ {
 		r := e.daemon("/v1/daemon/ack", ack)
 		if r.status != http.StatusOK {

@@ -85,6 +85,7 @@ type Server struct {
 	wake              *hub
 	handler           http.Handler
 	rel               releaseState
+	payloads          payloadStore
 	ident             *identityState
 	tls               *tls.Config
 
@@ -196,7 +197,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		s.st = db
 	}
 	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge)
+	s.payloads = newPayloadStore(cfg.DataDir, s.adminToken)
 	s.handler = s.middleware(s.routes())
+	s.startSweeper()
 	return s, nil
 }
 
@@ -323,6 +326,7 @@ func (s *Server) routes() *http.ServeMux {
 	mux.HandleFunc(operatorapi.RouteRotateKey, s.adminAuth(s.handleRotateKey))
 	mux.HandleFunc(operatorapi.RouteRevokeKey, s.adminAuth(s.handleRevokeKey))
 	s.releaseRoutes(mux)
+	s.invocationRoutes(mux)
 	return mux
 }
 
