@@ -508,6 +508,9 @@ func (r *reader) validate(c *Config) {
 	if c.Identity.Enabled && strings.TrimSpace(c.Identity.KeyFile) == "" {
 		r.fail("[identity] key_file", "is required when [identity] enabled = true")
 	}
+	if !c.Identity.Enabled && c.Identity.EnrollTokenFile != "" {
+		r.warnings = append(r.warnings, fmt.Sprintf("config %s: [identity] enroll_token_file: set while [identity] enabled is false; ignored (requests carry the bearer only)", r.path))
+	}
 	r.validateRunners(&c.Runners)
 	if !slices.Contains([]string{"trace", "debug", "info", "warn", "error"}, c.Log.Level) {
 		r.fail("[log] level", "must be one of trace, debug, info, warn, error, got %q", c.Log.Level)
@@ -567,8 +570,12 @@ func (r *reader) validateRunners(rn *Runners) {
 	}
 }
 
-// checkFiles reports files that must already exist but cannot be read.
+// checkFiles reports files that must already exist but cannot be read,
+// and paths that must differ but resolve to the same file.
 func (r *reader) checkFiles(c *Config) {
+	if id := c.Identity; id.Enabled && id.EnrollTokenFile != "" && id.EnrollTokenFile == id.KeyFile {
+		r.fail("[identity] enroll_token_file", "must not be the key_file (%s)", id.KeyFile)
+	}
 	for _, f := range []struct{ key, path string }{
 		{"[server] token_file", c.Server.TokenFile},
 		{"[server] ca_file", c.Server.CAFile},

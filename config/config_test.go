@@ -191,6 +191,32 @@ func TestUnknownKeysAreWarnings(t *testing.T) {
 	}
 }
 
+func TestIdentityKeys(t *testing.T) {
+	c, err := config.Parse("/etc/n/c.toml", []byte("[server]\nurl = \"https://h\"\n[identity]\nenabled = true\nkey_file = \"id/key\"\nenroll_token_file = \"~/enroll\"\n"), "/h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Identity.Enabled || c.Identity.KeyFile != "/etc/n/id/key" || c.Identity.EnrollTokenFile != "/h/enroll" || len(c.Warnings) != 0 {
+		t.Fatalf("%+v %q", c.Identity, c.Warnings)
+	}
+	_, err = config.Parse("/etc/n/c.toml", []byte("[server]\nurl = \"https://h\"\n[identity]\nenabled = true\nkey_file = \"k\"\nenroll_token_file = \"/etc/n/k\"\n"), "/h")
+	if err == nil || !strings.Contains(err.Error(), "[identity] enroll_token_file: must not be the key_file") {
+		t.Fatalf("same file for key and token: %v", err)
+	}
+	_, err = config.Parse("/c.toml", []byte("[server]\nurl = \"https://h\"\n[identity]\nenabled = true\nkey_file = \" \"\n"), "/h")
+	if err == nil || !strings.Contains(err.Error(), "[identity] key_file: is required") {
+		t.Fatalf("empty key_file: %v", err)
+	}
+	c, err = config.Parse("/c.toml", []byte("[server]\nurl = \"https://h\"\n[identity]\nenroll_token_file = \"t\"\n"), "/h")
+	if err != nil || len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "[identity] enroll_token_file: set while [identity] enabled is false") {
+		t.Fatalf("%v %q", err, c.Warnings)
+	}
+	if _, err := config.Parse("/c.toml", []byte("[server]\nurl = \"https://h\"\n[identity]\nenabled = \"yes\"\n"), "/h"); err == nil ||
+		!strings.Contains(err.Error(), "[identity] enabled") {
+		t.Fatalf("non-boolean enabled: %v", err)
+	}
+}
+
 func TestQueueOverride(t *testing.T) {
 	c, err := config.Parse("/c.toml", []byte("[server]\nurl = \"http://h\"\n[daemon]\nqueue = \"file\"\n"), "/h")
 	if err != nil {
