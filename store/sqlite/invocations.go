@@ -153,7 +153,18 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 	if c.Limit <= 0 {
 		return out, nil
 	}
-	err := db.tx(ctx, func(tx *sql.Tx) error {
+	// Most polls find nothing queued; finding that out on a reader keeps
+	// them off the single writer.
+	var any int
+	err := db.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM invocations WHERE state = ? AND namespace =
+		(SELECT namespace FROM workers WHERE id = ?) LIMIT 1)`, store.InvocationQueued, c.WorkerID).Scan(&any)
+	if err != nil {
+		return nil, fmt.Errorf("claim invocations for %s: %w", c.WorkerID, err)
+	}
+	if any == 0 {
+		return out, nil
+	}
+	err = db.tx(ctx, func(tx *sql.Tx) error {
 		w, err := getWorker(ctx, tx, "", c.WorkerID)
 		if err != nil {
 			return err
@@ -325,6 +336,17 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 		reported[s.InvocationID] = s
 	}
 	lost := []store.LostInvocation{}
+	if len(r.Statuses) == 0 {
+		var running int
+		err := db.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM invocations WHERE worker_id = ? AND state = ? LIMIT 1)`,
+			r.WorkerID, store.InvocationRunning).Scan(&running)
+		if err != nil {
+			return nil, fmt.Errorf("report running of %s: %w", r.WorkerID, err)
+		}
+		if running == 0 {
+			return lost, nil
+		}
+	}
 	err := db.tx(ctx, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `SELECT i.id, i.namespace, i.worker_label, i.missing_since,
 			(c.id IS NULL OR c.acked_at IS NOT NULL)
