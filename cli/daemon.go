@@ -45,6 +45,7 @@ gone nor stale wins; when a name is still ambiguous the candidates are listed.
 		a.daemonCleanupCmd(),
 		a.daemonStatusCmd(),
 		a.daemonStopCmd(),
+		a.daemonInstallCmd(),
 		a.daemonUpdateCmd(), a.daemonTargetVersionCmd(), a.daemonSetTargetVersionCmd(),
 	)
 	return cmd
