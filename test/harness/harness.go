@@ -306,10 +306,12 @@ type Daemon struct {
 	Label      string
 	ConfigPath string
 	Workdir    string
-	cmd        *exec.Cmd
-	logPath    string
-	done       chan struct{}
-	exitCode   int
+	// Bin is the binary StartDaemon started.
+	Bin      string
+	cmd      *exec.Cmd
+	logPath  string
+	done     chan struct{}
+	exitCode int
 }
 
 // DaemonOptions tune StartDaemon. Extra TOML is appended to the generated
@@ -327,6 +329,15 @@ type DaemonOptions struct {
 	ExtraTOML      string
 	Env            []string
 	NoWait         bool // do not wait for the worker to register
+	// Bin is the nymph binary to run (default the harness build); a test
+	// of self-updates runs a private copy, since the daemon replaces it.
+	Bin string
+	// ServerURL is [server] url (default the control plane's), for a
+	// proxy in front of it.
+	ServerURL string
+	// AutoUpdateIntervalS > 0 turns on [runtime] auto_update with this
+	// auto_update_check_interval_s.
+	AutoUpdateIntervalS int
 }
 
 // StartDaemon writes a config and starts nymph against cp.
@@ -353,6 +364,16 @@ func (cp *ControlPlane) StartDaemon(t testing.TB, o DaemonOptions) *Daemon {
 		t.Fatal(err)
 	}
 	workdir := filepath.Join(dir, "work")
+	if o.Bin == "" {
+		o.Bin = cp.Bins.Nymph
+	}
+	if o.ServerURL == "" {
+		o.ServerURL = cp.URL
+	}
+	autoUpdate := ""
+	if o.AutoUpdateIntervalS > 0 {
+		autoUpdate = fmt.Sprintf("auto_update = true\nauto_update_check_interval_s = %d\n", o.AutoUpdateIntervalS)
+	}
 	cfg := fmt.Sprintf(`[server]
 url = %q
 token_file = %q
@@ -375,18 +396,18 @@ workdir = %q
 keep_alive_s = %d
 shutdown_grace_s = %d
 max_invocations = %d
-
+%s
 [log]
 level = "debug"
 format = "json"
-`, cp.URL, tokenFile, "host-"+o.Label, o.Label, tomlList(o.Tags), o.Queue, o.WaitMaxS, tomlList(o.Runners), o.Runners[0], workdir, o.KeepAliveS, o.GraceS, o.MaxInvocations)
+`, o.ServerURL, tokenFile, "host-"+o.Label, o.Label, tomlList(o.Tags), o.Queue, o.WaitMaxS, tomlList(o.Runners), o.Runners[0], workdir, o.KeepAliveS, o.GraceS, o.MaxInvocations, autoUpdate)
 	cfg += "\n" + o.ExtraTOML + "\n"
 	cfgPath := filepath.Join(dir, "nymph.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := &Daemon{t: t, Label: o.Label, ConfigPath: cfgPath, Workdir: workdir, logPath: filepath.Join(dir, "nymph.log")}
-	d.Start(cp.Bins.Nymph, o.Env)
+	d := &Daemon{t: t, Label: o.Label, ConfigPath: cfgPath, Workdir: workdir, Bin: o.Bin, logPath: filepath.Join(dir, "nymph.log")}
+	d.Start(o.Bin, o.Env)
 	if !o.NoWait {
 		cp.WaitForWorker(t, o.Label)
 	}
