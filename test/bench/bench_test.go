@@ -79,6 +79,8 @@ func TestBench(t *testing.T) {
 	rawRate := 1 / bash.Seconds()
 	rep.add(fmt.Sprintf("%d back-to-back execs on one daemon", n), fmt.Sprintf("%.0f /s", perSec), fmt.Sprintf("raw spawn %.0f /s", rawRate), perSec/rawRate, ">= 0.25 x raw spawn", boolp(perSec >= 0.25*rawRate))
 
+	otaRows(t, rep, cp)
+
 	// Idle figures: a fresh daemon left alone for a few poll cycles.
 	idle := cp.StartDaemon(t, harness.DaemonOptions{Label: "idle", WaitMaxS: 2})
 	t0, _ := cpuTicks(idle.PID())
