@@ -47,6 +47,7 @@ gone nor stale wins; when a name is still ambiguous the candidates are listed.
 		a.daemonStopCmd(),
 		a.daemonInstallCmd(),
 		a.daemonUpdateCmd(), a.daemonTargetVersionCmd(), a.daemonSetTargetVersionCmd(),
+		a.daemonRotateKeyCmd(), a.daemonRevokeKeyCmd(),
 	)
 	return cmd
 }

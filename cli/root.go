@@ -57,6 +57,7 @@ type app struct {
 	server     string
 	adminToken string
 	namespace  string
+	caFile     string
 }
 
 const (
@@ -170,6 +171,7 @@ else ~/.config/lakeshore/credentials.json), so no flag is needed there.
 	pf.StringVar(&a.server, "server", "", "control plane URL (default $"+EnvURL+", else the credentials file)")
 	pf.StringVar(&a.adminToken, "admin-token", "", "admin token (default $"+EnvAdminToken+", else the credentials file)")
 	pf.StringVarP(&a.namespace, "namespace", "n", "", `namespace (default $`+EnvNamespace+`, else "default")`)
+	pf.StringVar(&a.caFile, "ca-file", "", "PEM file of CA certificates to trust for an https control plane (default $"+EnvCAFile+")")
 
 	root.AddCommand(
 		a.serveCmd(),
@@ -203,7 +205,11 @@ func (a *app) client() (*opclient.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return opclient.New(t.URL, t.Token, opclient.Options{Namespace: t.Namespace})
+	hc, err := a.httpClient()
+	if err != nil {
+		return nil, err
+	}
+	return opclient.New(t.URL, t.Token, opclient.Options{Namespace: t.Namespace, HTTPClient: hc})
 }
 
 func (a *app) ns() string {

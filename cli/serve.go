@@ -29,6 +29,7 @@ type serveOpts struct {
 	logLevel, logFormat                   string
 	noCredentials                         bool
 	staleAfter                            time.Duration
+	identity                              identityOpts
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -50,10 +51,15 @@ needs no flags.
 Daemons authenticate with tokens from 'lakeshore token create', or with the
 shared bootstrap token --daemon-token / $LAKESHORE_DAEMON_TOKEN.
 --public-url is the URL daemons are told to use (default: the listen address).
+--tls-cert and --tls-key serve HTTPS; a CLI then trusts a private CA through
+--ca-file or $LAKESHORE_CA_FILE. --require-daemon-signatures (or
+$LAKESHORE_REQUIRE_DAEMON_SIGNATURES=1) turns away daemons that do not sign
+their requests with an enrolled key ('lakeshore token create --enroll').
 SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 		Example: `  lakeshore serve
   lakeshore serve --addr 0.0.0.0:7700 --data /var/lib/lakeshore --public-url https://cp.example.internal:7700
-  LAKESHORE_DAEMON_TOKEN=$(cat daemon-token) lakeshore serve --data ./cp`,
+  LAKESHORE_DAEMON_TOKEN=$(cat daemon-token) lakeshore serve --data ./cp
+  lakeshore serve --addr 0.0.0.0:7700 --tls-cert cp.pem --tls-key cp-key.pem --require-daemon-signatures`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.serve(cmd.Context(), o)
@@ -71,6 +77,7 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 	// without waiting a minute; operators have no reason to change it.
 	fs.DurationVar(&o.staleAfter, "stale-after", 0, "how long a daemon may go unseen before it reads back stale (default 60s)")
 	_ = fs.MarkHidden("stale-after")
+	o.identity.addFlags(cmd, a.env.Getenv)
 	return cmd
 }
 
@@ -94,6 +101,9 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if o.daemonToken == "" {
 		o.daemonToken = a.env.Getenv(EnvDaemonToken)
 	}
+	if err := o.identity.resolve(a.env.Getenv); err != nil {
+		return err
+	}
 	adminToken := a.adminToken
 	if adminToken == "" {
 		adminToken = a.env.Getenv(EnvAdminToken)
@@ -107,13 +117,13 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		return fmt.Errorf("listen on %s: %w", o.addr, err)
 	}
 	defer ln.Close()
-	local := localURL(ln.Addr())
+	local := o.identity.url(localURL(ln.Addr()))
 	public := o.publicURL
 	if public == "" {
 		public = local
 	}
 
-	srv, err := controlplane.New(ctx, controlplane.Config{
+	cfg := controlplane.Config{
 		Addr:        ln.Addr().String(),
 		DataDir:     o.dataDir,
 		PublicURL:   public,
@@ -121,7 +131,9 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		DaemonToken: o.daemonToken,
 		Logger:      logger,
 		StaleAfter:  o.staleAfter,
-	})
+	}
+	o.identity.apply(&cfg)
+	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("start the control plane: %w", err)
 	}
