@@ -102,9 +102,14 @@ type ControlPlane struct {
 	// DaemonToken is the shared bootstrap token daemons use.
 	DaemonToken string
 	Env         []string
-	cmd         *exec.Cmd
-	logPath     string
-	done        chan struct{}
+	// CA issued the certificate of a control plane started with
+	// CPOptions.TLS (nil for plain HTTP); HTTP trusts it.
+	CA      *CA
+	HTTP    *http.Client
+	tlsArgs []string
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
 }
 
 // CPOptions tune StartControlPlane.
@@ -113,6 +118,9 @@ type CPOptions struct {
 	Addr    string   // reuse an address (restart tests)
 	Env     []string // extra environment
 	Args    []string // extra serve flags
+	// TLS serves HTTPS with a certificate this CA issues; the CLI trusts
+	// it through LAKESHORE_CA_FILE, and StartDaemon through [server] ca_file.
+	TLS *CA
 }
 
 // StartControlPlane starts `lakeshore serve` and waits until it answers.
@@ -129,6 +137,15 @@ func StartControlPlane(t testing.TB, opts CPOptions) *ControlPlane {
 		cp.Addr = FreeAddr(t)
 	}
 	cp.URL = "http://" + cp.Addr
+	cp.HTTP = http.DefaultClient
+	var caEnv []string
+	if opts.TLS != nil {
+		cert, key, _ := opts.TLS.Issue(t)
+		cp.CA, cp.HTTP = opts.TLS, opts.TLS.Client()
+		cp.URL = "https://" + cp.Addr
+		cp.tlsArgs = []string{"--tls-cert", cert, "--tls-key", key}
+		caEnv = []string{"LAKESHORE_CA_FILE=" + opts.TLS.CertFile}
+	}
 	home := t.TempDir()
 	cp.Env = append(os.Environ(),
 		"HOME="+home,
@@ -138,6 +155,7 @@ func StartControlPlane(t testing.TB, opts CPOptions) *ControlPlane {
 		"LAKESHORE_ADMIN_TOKEN="+cp.AdminToken,
 		"LAKESHORE_DAEMON_TOKEN="+cp.DaemonToken,
 	)
+	cp.Env = append(cp.Env, caEnv...)
 	cp.Env = append(cp.Env, opts.Env...)
 	cp.start(opts.Args)
 	return cp
@@ -146,7 +164,8 @@ func StartControlPlane(t testing.TB, opts CPOptions) *ControlPlane {
 func (cp *ControlPlane) start(extra []string) {
 	t := cp.t
 	t.Helper()
-	args := append([]string{"serve", "--addr", cp.Addr, "--data", cp.DataDir, "--public-url", cp.URL}, extra...)
+	args := append([]string{"serve", "--addr", cp.Addr, "--data", cp.DataDir, "--public-url", cp.URL}, cp.tlsArgs...)
+	args = append(args, extra...)
 	cmd := exec.Command(cp.Bins.Lakeshore, args...)
 	cmd.Env = cp.Env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -219,7 +238,7 @@ func (cp *ControlPlane) GetJSON(path string, out any) error {
 		return err
 	}
 	req.Header.Set("Authorization", "Bearer "+cp.AdminToken)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := cp.HTTP.Do(req)
 	if err != nil {
 		return err
 	}
@@ -242,7 +261,7 @@ func (cp *ControlPlane) PostJSON(path string, body, out any) error {
 	}
 	req.Header.Set("Authorization", "Bearer "+cp.AdminToken)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := cp.HTTP.Do(req)
 	if err != nil {
 		return err
 	}
@@ -338,6 +357,11 @@ type DaemonOptions struct {
 	// AutoUpdateIntervalS > 0 turns on [runtime] auto_update with this
 	// auto_update_check_interval_s.
 	AutoUpdateIntervalS int
+	// Token is what [server] token_file holds (default the control plane's
+	// DaemonToken).
+	Token string
+	// CAFile is [server] ca_file (default the control plane's CA, if any).
+	CAFile string
 }
 
 // StartDaemon writes a config and starts nymph against cp.
@@ -360,7 +384,10 @@ func (cp *ControlPlane) StartDaemon(t testing.TB, o DaemonOptions) *Daemon {
 		o.WaitMaxS = 20
 	}
 	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte(cp.DaemonToken+"\n"), 0o600); err != nil {
+	if o.Token == "" {
+		o.Token = cp.DaemonToken
+	}
+	if err := os.WriteFile(tokenFile, []byte(o.Token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	workdir := filepath.Join(dir, "work")
@@ -370,6 +397,13 @@ func (cp *ControlPlane) StartDaemon(t testing.TB, o DaemonOptions) *Daemon {
 	if o.ServerURL == "" {
 		o.ServerURL = cp.URL
 	}
+	if o.CAFile == "" && cp.CA != nil {
+		o.CAFile = cp.CA.CertFile
+	}
+	caLine := ""
+	if o.CAFile != "" {
+		caLine = fmt.Sprintf("ca_file = %q\n", o.CAFile)
+	}
 	autoUpdate := ""
 	if o.AutoUpdateIntervalS > 0 {
 		autoUpdate = fmt.Sprintf("auto_update = true\nauto_update_check_interval_s = %d\n", o.AutoUpdateIntervalS)
@@ -377,7 +411,7 @@ func (cp *ControlPlane) StartDaemon(t testing.TB, o DaemonOptions) *Daemon {
 	cfg := fmt.Sprintf(`[server]
 url = %q
 token_file = %q
-
+%s
 [daemon]
 machine_id = %q
 label = %q
@@ -400,7 +434,7 @@ max_invocations = %d
 [log]
 level = "debug"
 format = "json"
-`, o.ServerURL, tokenFile, "host-"+o.Label, o.Label, tomlList(o.Tags), o.Queue, o.WaitMaxS, tomlList(o.Runners), o.Runners[0], workdir, o.KeepAliveS, o.GraceS, o.MaxInvocations, autoUpdate)
+`, o.ServerURL, tokenFile, caLine, "host-"+o.Label, o.Label, tomlList(o.Tags), o.Queue, o.WaitMaxS, tomlList(o.Runners), o.Runners[0], workdir, o.KeepAliveS, o.GraceS, o.MaxInvocations, autoUpdate)
 	cfg += "\n" + o.ExtraTOML + "\n"
 	cfgPath := filepath.Join(dir, "nymph.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
