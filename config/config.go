@@ -106,7 +106,11 @@ type Runtime struct {
 	// KeepAliveS is the idle policy: -1 never exits on idle, 0 exits after
 	// the first job, N exits after N idle seconds.
 	KeepAliveS               int
-	ShutdownGraceS           float64
+	ShutdownGraceS float64
+	// AutoUpdate follows the control plane's target_nymph_version: a poll
+	// response naming another version installs it from the control plane's
+	// own release store, at most once per AutoUpdateCheckIntervalS (tried,
+	// not succeeded: a missing release is not retried any sooner).
 	AutoUpdate               bool
 	AutoUpdateCheckIntervalS int
 }
