@@ -105,7 +105,7 @@ type Runtime struct {
 	Workdir        string
 	// KeepAliveS is the idle policy: -1 never exits on idle, 0 exits after
 	// the first job, N exits after N idle seconds.
-	KeepAliveS               int
+	KeepAliveS     int
 	ShutdownGraceS float64
 	// AutoUpdate follows the control plane's target_nymph_version: a poll
 	// response naming another version installs it from the control plane's
