@@ -181,6 +181,7 @@ else ~/.config/lakeshore/credentials.json), so no flag is needed there.
 		a.completionCmd(),
 		a.versionCmd(),
 		a.releaseCmd(), a.queueCmd(),
+		a.runCmd(), a.invocationsCmd(),
 	)
 	return root
 }
