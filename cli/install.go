@@ -277,6 +277,10 @@ func (a *app) install(ctx context.Context, cmd *cobra.Command, alias string, f *
 	if err != nil {
 		return err
 	}
+	// Fail on a wrong URL or token before anything happens on the host.
+	if _, err := c.ListWorkers(ctx); err != nil {
+		return err
+	}
 	serverURL := f.serverURL
 	if serverURL == "" {
 		serverURL = a.daemonFacingURL(c)
@@ -350,7 +354,7 @@ func (a *app) install(ctx context.Context, cmd *cobra.Command, alias string, f *
 		if tripleErr != nil {
 			return fmt.Errorf("%s reports machine %q (uname -m), for which no nymph release is known; pass --binary", alias, probe.Arch)
 		}
-		if known != nil && known[triple] == "" {
+		if _, ok := known[triple]; known != nil && !ok {
 			return fmt.Errorf("this control plane has no nymph %s for %s (the machine of %s): publish one (lakeshore release publish --version %s --triple %s) or pass --binary", version, triple, alias, version, triple)
 		}
 		download = &remoteinstall.Download{URL: releases.URLFor(base, "", version, triple), SHA256: known[triple]}
