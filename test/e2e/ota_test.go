@@ -190,7 +190,7 @@ func TestOTAUpdateSameProcessDrainsExec(t *testing.T) {
 	if q.SHA256 != sha(v2) || !strings.Contains(q.URL, "/v1/releases/"+v2Version+"/") {
 		t.Fatalf("queued update %+v, want the published release (sha256 %s)", q, sha(v2))
 	}
-	harness.WaitFor(t, 60*time.Second, "the daemon to install and start draining", func() bool { return countLog(d, msgDrain) == 1 })
+	harness.WaitFor(t, 60*time.Second, "the daemon to install and start draining", func() bool { return countLog(d, msgDrain) >= 1 })
 	// Installed on disk, still the old image, the exec still running.
 	var e operatorapi.Exec
 	if err := cp.GetJSON("/v1/namespaces/default/execs/"+long.ExecID, &e); err != nil || e.State == operatorapi.ExecFinished {
@@ -430,7 +430,7 @@ func TestOTAFanOut(t *testing.T) {
 		assertImage(t, h.d, h.pid, h.bin, v2)
 		if label != "solo" {
 			harness.WaitFor(t, 60*time.Second, label+" to skip the update it already runs", func() bool {
-				return countLog(h.d, "update skipped: this binary is already running") == 1
+				return countLog(h.d, "update skipped: this binary is already running") >= 1
 			})
 		}
 		r := cp.CLI(t, "daemon", "exec", label, "echo", label)
@@ -476,8 +476,11 @@ func TestOTAAutoUpdate(t *testing.T) {
 	if max := int(elapsed/interval) + 1; len(tries) == 0 || len(tries) > max {
 		t.Fatalf("%d download attempts in %v with a %v interval (and %d polls), want 1..%d", len(tries), elapsed, interval, pollsSeen, max)
 	}
+	// Seen at the proxy, a request may arrive a little later than the
+	// daemon decided to send it; the interval is kept on the daemon's clock.
+	const slack = 200 * time.Millisecond
 	for i := 1; i < len(tries); i++ {
-		if gap := tries[i].At.Sub(tries[i-1].At); gap < interval {
+		if gap := tries[i].At.Sub(tries[i-1].At); gap < interval-slack {
 			t.Fatalf("attempts %v apart, under the %v interval", gap, interval)
 		}
 	}
