@@ -311,7 +311,7 @@ func (a *app) install(ctx context.Context, cmd *cobra.Command, alias string, f *
 	launchID := ulid.Make().String()
 	label := plan.prefix + "-" + launchID
 
-	prog := startProgress(a.env.Stderr, a.env.StderrTTY && !f.jsonOut, "connecting to "+alias)
+	prog := startProgress(a.env.Stderr, a.env.StderrTTY, "connecting to "+alias)
 	defer prog.Stop()
 	out, err := ssh.script(ctx, remoteinstall.Exports(plan.env)+remoteinstall.ProbeScript(f.remoteDir, launchID))
 	if err != nil {
@@ -322,9 +322,10 @@ func (a *app) install(ctx context.Context, cmd *cobra.Command, alias string, f *
 		return fmt.Errorf("on %s: %w", alias, err)
 	}
 	layout := remoteinstall.Layout{Dir: probe.Dir}
-	started := false
+	// keep is set once a daemon may be running from the launch directory.
+	keep := false
 	defer func() {
-		if !started {
+		if !keep {
 			// Nothing runs there: leave no half-made launch directory.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
@@ -382,14 +383,22 @@ func (a *app) install(ctx context.Context, cmd *cobra.Command, alias string, f *
 	prog.Set("starting nymph on " + alias)
 	out, err = ssh.script(ctx, setup)
 	if err != nil {
+		// The script starts the daemon last and stops at its first
+		// failure, so a failed script started nothing. A lost connection
+		// or an interrupt may have come after the start.
+		var se *sshError
+		keep = !errors.As(err, &se) || se.code == 255
+		if keep {
+			err = fmt.Errorf("%w\n(the daemon may have started; see %s on %s)", err, layout.Dir, alias)
+		}
 		return explainSetup(err)
 	}
 	fields := map[string]string{}
 	for k, v := range remoteinstall.Fields(out) {
 		fields[k] = v
 	}
-	started = fields["pid"] != "" || fields["job"] != ""
-	if !started {
+	keep = fields["pid"] != "" || fields["job"] != ""
+	if !keep {
 		return fmt.Errorf("on %s: the start script reported neither a pid nor a job id:\n%s", alias, out)
 	}
 	prog.Stop()

@@ -120,16 +120,40 @@ exec sh -c "$*"
 	return h
 }
 
-// echoBinary is a real ELF executable that behaves enough like nymph for
-// the install flow: `echo version` succeeds, and `echo run --config X`
-// writes its command line to the log and exits.
-func echoBinary(t *testing.T) string {
+// fakeNymph builds a real ELF executable that behaves enough like nymph
+// for the install flow: `version` answers like nymph, and `run --config X`
+// prints its command line (into the daemon log) and exits.
+func fakeNymph(t *testing.T) string {
 	t.Helper()
-	p, err := exec.LookPath("echo")
-	if err != nil {
-		t.Skip("no echo binary")
+	dir := t.TempDir()
+	src := `package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+)
+
+func main() {
+	if len(os.Args) == 2 && os.Args[1] == "version" {
+		fmt.Println("nymph 9.9.9-fake (protocol 1)")
+		return
 	}
-	return p
+	fmt.Println(strings.Join(os.Args[1:], " "))
+}
+`
+	for name, text := range map[string]string{"go.mod": "module fakenymph\n\ngo 1.21\n", "main.go": src} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("go", "build", "-o", "nymph", ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the stand-in nymph: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "nymph")
 }
 
 func (f *installCP) run(t *testing.T, o runOpts, args ...string) result {
@@ -154,7 +178,7 @@ func TestInstallCopiesConfiguresStartsAndWaits(t *testing.T) {
 			f.registered = true
 			h := newFakeHost(t)
 			r := f.run(t, runOpts{}, "daemon", "install", "gpu-box", "--ssh", h.ssh, "-F", "/dev/null",
-				"--binary", echoBinary(t), "--copy", method, "--remote-dir", "~/my dir/it's",
+				"--binary", fakeNymph(t), "--copy", method, "--remote-dir", "~/my dir/it's",
 				"--label", "gpu", "--tag", "gpu:h100", "--tag", "gpu-count:8", "--runner", "docker", "--runner", "process",
 				"--keep-alive-s", "600", "--server-url", "https://cp.example:7700", "--remote-env", "NYMPH_X=a b", "--json")
 			if r.code != 0 {
@@ -167,7 +191,7 @@ func TestInstallCopiesConfiguresStartsAndWaits(t *testing.T) {
 			dir := filepath.Join(h.home, "my dir", "it's", res.LaunchID)
 			if len(res.LaunchID) != 26 || res.Label != "gpu-"+res.LaunchID || res.LaunchDir != dir ||
 				res.ConfigPath != filepath.Join(dir, "nymph.toml") || res.LogPath != filepath.Join(dir, "nymph.log") ||
-				res.WorkerID == nil || res.PID == "" || res.JobID != "" || res.Alias != "gpu-box" || res.NymphVersion != "version" {
+				res.WorkerID == nil || res.PID == "" || res.JobID != "" || res.Alias != "gpu-box" || res.NymphVersion != "nymph 9.9.9-fake (protocol 1)" {
 				t.Fatalf("result %+v", res)
 			}
 			if len(f.tokens) != 1 || f.tokens[0].Kind != operatorapi.TokenDaemon || f.tokens[0].Label != res.Label {
@@ -218,7 +242,7 @@ func TestInstallCopiesConfiguresStartsAndWaits(t *testing.T) {
 func TestInstallTextOutputAndNoWait(t *testing.T) {
 	f := newInstallCP(t)
 	h := newFakeHost(t)
-	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", echoBinary(t), "--no-wait")
+	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", fakeNymph(t), "--no-wait")
 	if r.code != 0 {
 		t.Fatalf("install: %+v", r)
 	}
@@ -247,7 +271,7 @@ func TestInstallReportsADaemonThatExits(t *testing.T) {
 	f := newInstallCP(t)
 	h := newFakeHost(t)
 	start := time.Now()
-	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", echoBinary(t), "--wait-timeout", "50")
+	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", fakeNymph(t), "--wait-timeout", "50")
 	if r.code != 1 || !strings.Contains(r.stderr, "exited before it registered") ||
 		!strings.Contains(r.stderr, "--- last lines of ") || !strings.Contains(r.stderr, "run --config ") {
 		t.Fatalf("install: %+v", r)
@@ -260,7 +284,7 @@ func TestInstallReportsADaemonThatExits(t *testing.T) {
 func TestInstallTimesOutWithTheLogTail(t *testing.T) {
 	f := newInstallCP(t)
 	h := newFakeHost(t)
-	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", echoBinary(t), "--wait-timeout", "0.5", "--json")
+	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", fakeNymph(t), "--wait-timeout", "0.5", "--json")
 	if r.code != 1 || !strings.Contains(r.stderr, "did not register as box-") || !strings.Contains(r.stderr, "run --config ") {
 		t.Fatalf("install: %+v", r)
 	}
@@ -279,7 +303,7 @@ func TestInstallDownloadsTheTargetVersion(t *testing.T) {
 	}
 	f := newInstallCP(t)
 	f.registered = true
-	b, err := os.ReadFile(echoBinary(t))
+	b, err := os.ReadFile(fakeNymph(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +351,11 @@ func TestInstallDownloadsTheTargetVersion(t *testing.T) {
 func TestInstallErrors(t *testing.T) {
 	f := newInstallCP(t)
 	h := newFakeHost(t)
-	echo := echoBinary(t)
+	echo := fakeNymph(t)
+	echoPath, err := exec.LookPath("echo")
+	if err != nil {
+		t.Fatal(err)
+	}
 	// A PATH with what the probe needs but no sbatch.
 	bare := t.TempDir()
 	for _, tool := range []string{"mkdir", "chmod", "uname"} {
@@ -368,6 +396,7 @@ func TestInstallErrors(t *testing.T) {
 		{"bad env", []string{"box", "--remote-env", "A-B=1"}, 2, "--remote-env"},
 		{"bad wait", []string{"box", "--wait-timeout", "0"}, 2, "--wait-timeout"},
 		{"no alias", []string{}, 2, "wants one <ssh-alias>"},
+		{"not nymph", []string{"box", "--binary", echoPath}, 1, `on box: the binary is not nymph: its "version" printed version`},
 		{"no sbatch", []string{"box", "--binary", echo, "--slurm", "--remote-env", "PATH=" + bare}, 1, "sbatch is not on the PATH"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -378,7 +407,12 @@ func TestInstallErrors(t *testing.T) {
 			}
 		})
 	}
-	if len(f.tokens) != 0 {
-		t.Errorf("a failed install minted tokens: %+v", f.tokens)
+	// Only the install that got as far as starting minted a token, and
+	// no failed attempt left a launch directory behind.
+	if len(f.tokens) != 1 {
+		t.Errorf("tokens minted: %+v", f.tokens)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(h.home, ".nymph")); len(entries) != 0 {
+		t.Errorf("launch dirs left behind: %v", entries)
 	}
 }

@@ -33,8 +33,8 @@ const DefaultBaseDir = "~/.nymph"
 // JobNamePrefix starts the sbatch job name; the launch id follows.
 const JobNamePrefix = "lakeshore-nymph-"
 
-// Tools the probe looks for on the remote host.
-var probedTools = []string{"rsync", "curl", "wget", "setsid", "nohup", "sbatch", "squeue", "sha256sum"}
+// probedTools are the programs the probe looks for on the remote host.
+const probedTools = "rsync curl wget setsid nohup sbatch squeue sha256sum"
 
 // Layout names the files of one launch directory on the remote host.
 type Layout struct {
@@ -47,12 +47,9 @@ func (l Layout) file(name string) string { return path.Join(l.Dir, name) }
 // Binary is the nymph executable.
 func (l Layout) Binary() string { return l.file("nymph") }
 
-// partial is where the binary lands before it is checked and renamed.
-func (l Layout) partial() string { return l.file("nymph.part") }
-
-// Partial is where a copied binary must land; Setup checks it and renames
-// it over Binary.
-func (l Layout) Partial() string { return l.partial() }
+// Partial is where the binary lands, copied or downloaded; SetupScript
+// checks it and renames it over Binary.
+func (l Layout) Partial() string { return l.file("nymph.part") }
 
 // Config is nymph's TOML config.
 func (l Layout) Config() string { return l.file("nymph.toml") }
@@ -160,8 +157,8 @@ func Quote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// exports renders `export K=V` lines for env, in the order given.
-func exports(env [][2]string) string {
+// Exports renders `export K=V` lines for env, in the order given.
+func Exports(env [][2]string) string {
 	var b strings.Builder
 	for _, kv := range env {
 		fmt.Fprintf(&b, "export %s=%s\n", kv[0], Quote(kv[1]))
@@ -201,7 +198,7 @@ cd -- "$base/"` + Quote(launchID) + `
 chmod 700 .
 printf '` + Marker + `dir=%s\n' "$(pwd)"
 printf '` + Marker + `arch=%s\n' "$(uname -m)"
-for t in ` + strings.Join(probedTools, " ") + `; do
+for t in ` + probedTools + `; do
 	if command -v "$t" >/dev/null 2>&1; then printf '` + Marker + `has=%s\n' "$t"; fi
 done
 `
@@ -315,7 +312,7 @@ func SetupScript(in SetupInput) (string, error) {
 	var b strings.Builder
 	b.WriteString("set -eu\numask 077\n")
 	b.WriteString("cd -- " + Quote(l.Dir) + "\n")
-	b.WriteString(exports(in.Start.Env))
+	b.WriteString(Exports(in.Start.Env))
 	if d := in.Download; d != nil {
 		b.WriteString(downloadScript(l, *d))
 	}
@@ -325,8 +322,15 @@ if ! v=$(%[2]s version 2>&1); then
 	printf 'the nymph binary does not run on this host: %%s\n' "$v" >&2
 	exit %[3]d
 fi
+case $v in
+"nymph "*) ;;
+*)
+	printf 'the binary is not nymph: its "version" printed %%s\n' "$v" >&2
+	exit %[3]d
+	;;
+esac
 printf '%[4]sversion=%%s\n' "$v"
-`, Quote(l.partial()), Quote(l.Binary()), ExitBadBinary, Marker)
+`, Quote(l.Partial()), Quote(l.Binary()), ExitBadBinary, Marker)
 	fmt.Fprintf(&b, "cat > %s <<'%s'\n%s\n%s\n", Quote(l.TokenFile()), tokenEOF, in.Token, tokenEOF)
 	cfg := in.Config
 	if !strings.HasSuffix(cfg, "\n") {
@@ -377,7 +381,7 @@ if [ -n "$want" ]; then
 	fi
 	printf '%[7]ssha256=%%s\n' "$got"
 fi
-`, Quote(d.URL), Quote(l.partial()), ExitNoDownloader, ExitDownload, Quote(d.SHA256), ExitChecksum, Marker)
+`, Quote(d.URL), Quote(l.Partial()), ExitNoDownloader, ExitDownload, Quote(d.SHA256), ExitChecksum, Marker)
 }
 
 // StartCommand starts the daemon in a session of its own, immune to the
@@ -464,7 +468,7 @@ if [ -f %[1]s ]; then
 fi
 `, Quote(l.JobFile()))
 	}
-	return exports(env) + check + fmt.Sprintf(`printf '%[1]sstate=%%s\n' "$state"
+	return Exports(env) + check + fmt.Sprintf(`printf '%[1]sstate=%%s\n' "$state"
 echo ---
 tail -n %[2]s %[3]s 2>/dev/null || echo "(no log at "%[3]s")"
 `, Marker, strconv.Itoa(lines), Quote(l.Log()))

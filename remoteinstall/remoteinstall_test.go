@@ -425,6 +425,23 @@ func TestSetupRefusesABinaryThatDoesNotRun(t *testing.T) {
 	}
 }
 
+// Another program (say the lakeshore binary, by mistake) is refused even
+// though it has a version verb.
+func TestSetupRefusesABinaryThatIsNotNymph(t *testing.T) {
+	r := newRemote(t)
+	if err := os.WriteFile(r.layout.Partial(), []byte("#!/bin/sh\necho lakeshore 1.0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script, err := remoteinstall.SetupScript(remoteinstall.SetupInput{Layout: r.layout, LaunchID: "L1", Token: "t", Config: "x = 1\n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code := sh(t, r.home, r.path, script)
+	if code != remoteinstall.ExitBadBinary || !strings.Contains(stderr, `the binary is not nymph: its "version" printed lakeshore 1.0`) {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+}
+
 func TestSetupInputValidation(t *testing.T) {
 	l := remoteinstall.Layout{Dir: "/x"}
 	for name, in := range map[string]remoteinstall.SetupInput{
