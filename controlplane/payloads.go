@@ -225,7 +225,7 @@ func (s *Server) storeArgs(ns, key string, data []byte) (*messages.PayloadRef, e
 }
 
 // handlePresign serves RoutePresign: JSON with the admin token, anything
-// else as msgpack with daemon credentials.
+// else as msgpack from a daemon, signed or with its bearer (as on poll).
 func (s *Server) handlePresign(w http.ResponseWriter, r *http.Request) {
 	if isJSONContentType(r.Header.Get("Content-Type")) {
 		s.adminAuth(func(w http.ResponseWriter, r *http.Request) {
@@ -247,7 +247,7 @@ func (s *Server) handlePresign(w http.ResponseWriter, r *http.Request) {
 		})(w, r)
 		return
 	}
-	s.daemonAuth(func(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
+	s.signedAuth(limitPresign, func(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
 		resp, err := s.presignMsgpack(w, r, p)
 		if err != nil {
 			s.log.Info().Err(err).Msg("presign refused")
