@@ -488,3 +488,21 @@ func TestOTAAutoUpdate(t *testing.T) {
 	assertImage(t, d, pid, bin, v2)
 	expectCode(t, cp.CLI(t, "daemon", "exec", "auto", "true"), 0)
 }
+
+// Over HTTPS with a private CA, auto-update reads the sidecar and
+// downloads the binary trusting [server] ca_file, like every other request.
+func TestOTAAutoUpdateOverHTTPS(t *testing.T) {
+	t.Parallel()
+	cp := harness.StartControlPlane(t, harness.CPOptions{TLS: harness.NewCA(t)})
+	bin, _ := privateNymph(t, cp)
+	v2Path, v2 := v2Nymph(t)
+	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "auto-tls", Bin: bin, AutoUpdateIntervalS: 3600})
+	pid := d.PID()
+	publish(t, cp, v2Path, v2Version)
+	expectCode(t, cp.CLI(t, "daemon", "set-target-version", v2Version), 0)
+	waitVersion(t, cp, "auto-tls", v2Version)
+	assertImage(t, d, pid, bin, v2)
+	if !strings.Contains(d.Log(), `"url":"https://`) {
+		t.Fatalf("the update did not come over HTTPS:\n%s", d.Log())
+	}
+}
