@@ -217,24 +217,24 @@ func (a *otaActor) Receive(ctx actor.Context) {
 		// Whoever stops the daemon — a signal, the idle policy or this
 		// actor's own handoff — no new update starts, and a download still
 		// running is abandoned (Install removes its temporary file).
-		st := a.d.State
-		st.mu.Lock()
-		st.stopping = true
-		cancel := st.cancel
-		st.mu.Unlock()
-		if cancel != nil {
+		if cancel := a.d.State.stop(true); cancel != nil {
 			cancel()
 		}
 	case *actor.Stopping:
-		if cancel := a.d.State.cancelFunc(); cancel != nil {
+		if cancel := a.d.State.stop(false); cancel != nil {
 			cancel()
 		}
 	}
 }
 
-func (s *State) cancelFunc() context.CancelFunc {
+// stop returns the cancel of the update in progress, if any; stopping
+// also refuses every update from now on.
+func (s *State) stop(stopping bool) context.CancelFunc {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if stopping {
+		s.stopping = true
+	}
 	return s.cancel
 }
 
