@@ -80,6 +80,7 @@ func TestBench(t *testing.T) {
 	rep.add(fmt.Sprintf("%d back-to-back execs on one daemon", n), fmt.Sprintf("%.0f /s", perSec), fmt.Sprintf("raw spawn %.0f /s", rawRate), perSec/rawRate, ">= 0.25 x raw spawn", boolp(perSec >= 0.25*rawRate))
 
 	otaRows(t, rep, cp)
+	identityRows(t, rep, cp, "bench")
 
 	// Idle figures: a fresh daemon left alone for a few poll cycles.
 	idle := cp.StartDaemon(t, harness.DaemonOptions{Label: "idle", WaitMaxS: 2})
