@@ -428,7 +428,8 @@ func TestIdentitySignedPollingAndTampering(t *testing.T) {
 	rec := startRecorder(t, cp)
 	id := newIdentityDir(t)
 	id.setToken(t, mintEnroll(t, cp))
-	w := cp.StartDaemon(t, harness.DaemonOptions{Label: "signer", ServerURL: rec.URL, WaitMaxS: 2, ExtraTOML: id.toml()})
+	// No valid bootstrap bearer: the signature alone must authenticate.
+	w := cp.StartDaemon(t, harness.DaemonOptions{Label: "signer", ServerURL: rec.URL, WaitMaxS: 2, ExtraTOML: id.toml(), Token: "not-a-daemon-token"})
 	key := id.key(t)
 	expectCode(t, cp.CLI(t, "daemon", "exec", "signer", "echo", "signed"), 0)
 	harness.WaitFor(t, 30*time.Second, "three answered polls", func() bool {
