@@ -596,7 +596,7 @@ func (p *prefixedZeros) Read(b []byte) (int, error) {
 func TestLargeArgsTravelByPayloadRef(t *testing.T) {
 	e := newEnv(t)
 	d := e.daemonUp(daemonSpec{machine: "m", label: "l", queue: "q", runners: []string{"python"}})
-	args := make([]byte, 3<<20)
+	args := make([]byte, messages.InlineThreshold+100<<10)
 	_, _ = crand.Read(args)
 	sum := sha256.Sum256(args)
 	sub := e.submit(operatorapi.InvocationRequest{Queue: "q", Function: "m:f", Args: args})
