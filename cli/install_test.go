@@ -166,7 +166,19 @@ func (f *installCP) run(t *testing.T, o runOpts, args ...string) result {
 	return runCLI(t, o, env, args...)
 }
 
-func TestInstallCopiesConfiguresStartsAndWaits(t *testing.T) {
+// TestInstall drives `daemon install` against a stand-in host; the
+// stand-in nymph is built once for all of its cases.
+func TestInstall(t *testing.T) {
+	nymph := fakeNymph(t)
+	t.Run("CopiesConfiguresStartsAndWaits", func(t *testing.T) { testInstallCopiesConfiguresStartsAndWaits(t, nymph) })
+	t.Run("TextOutputAndNoWait", func(t *testing.T) { testInstallTextOutputAndNoWait(t, nymph) })
+	t.Run("ReportsADaemonThatExits", func(t *testing.T) { testInstallReportsADaemonThatExits(t, nymph) })
+	t.Run("TimesOutWithTheLogTail", func(t *testing.T) { testInstallTimesOutWithTheLogTail(t, nymph) })
+	t.Run("DownloadsTheTargetVersion", func(t *testing.T) { testInstallDownloadsTheTargetVersion(t, nymph) })
+	t.Run("Errors", func(t *testing.T) { testInstallErrors(t, nymph) })
+}
+
+func testInstallCopiesConfiguresStartsAndWaits(t *testing.T, nymph string) {
 	for _, method := range []string{"ssh", "rsync"} {
 		t.Run(method, func(t *testing.T) {
 			if method == "rsync" {
@@ -178,7 +190,7 @@ func TestInstallCopiesConfiguresStartsAndWaits(t *testing.T) {
 			f.registered = true
 			h := newFakeHost(t)
 			r := f.run(t, runOpts{}, "daemon", "install", "gpu-box", "--ssh", h.ssh, "-F", "/dev/null",
-				"--binary", fakeNymph(t), "--copy", method, "--remote-dir", "~/my dir/it's",
+				"--binary", nymph, "--copy", method, "--remote-dir", "~/my dir/it's",
 				"--label", "gpu", "--tag", "gpu:h100", "--tag", "gpu-count:8", "--runner", "docker", "--runner", "process",
 				"--keep-alive-s", "600", "--server-url", "https://cp.example:7700", "--remote-env", "NYMPH_X=a b", "--json")
 			if r.code != 0 {
@@ -239,10 +251,10 @@ func TestInstallCopiesConfiguresStartsAndWaits(t *testing.T) {
 	}
 }
 
-func TestInstallTextOutputAndNoWait(t *testing.T) {
+func testInstallTextOutputAndNoWait(t *testing.T, nymph string) {
 	f := newInstallCP(t)
 	h := newFakeHost(t)
-	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", fakeNymph(t), "--no-wait")
+	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", nymph, "--no-wait")
 	if r.code != 0 {
 		t.Fatalf("install: %+v", r)
 	}
@@ -267,11 +279,11 @@ func TestInstallTextOutputAndNoWait(t *testing.T) {
 
 // A daemon that exits before registering fails the install at once, with
 // the end of its log.
-func TestInstallReportsADaemonThatExits(t *testing.T) {
+func testInstallReportsADaemonThatExits(t *testing.T, nymph string) {
 	f := newInstallCP(t)
 	h := newFakeHost(t)
 	start := time.Now()
-	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", fakeNymph(t), "--wait-timeout", "50")
+	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", nymph, "--wait-timeout", "50")
 	if r.code != 1 || !strings.Contains(r.stderr, "exited before it registered") ||
 		!strings.Contains(r.stderr, "--- last lines of ") || !strings.Contains(r.stderr, "run --config ") {
 		t.Fatalf("install: %+v", r)
@@ -281,10 +293,10 @@ func TestInstallReportsADaemonThatExits(t *testing.T) {
 	}
 }
 
-func TestInstallTimesOutWithTheLogTail(t *testing.T) {
+func testInstallTimesOutWithTheLogTail(t *testing.T, nymph string) {
 	f := newInstallCP(t)
 	h := newFakeHost(t)
-	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", fakeNymph(t), "--wait-timeout", "0.5", "--json")
+	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", nymph, "--wait-timeout", "0.5", "--json")
 	if r.code != 1 || !strings.Contains(r.stderr, "did not register as box-") || !strings.Contains(r.stderr, "run --config ") {
 		t.Fatalf("install: %+v", r)
 	}
@@ -295,7 +307,7 @@ func TestInstallTimesOutWithTheLogTail(t *testing.T) {
 	}
 }
 
-func TestInstallDownloadsTheTargetVersion(t *testing.T) {
+func testInstallDownloadsTheTargetVersion(t *testing.T, nymph string) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		if _, err := exec.LookPath("wget"); err != nil {
 			t.Skip("neither curl nor wget")
@@ -303,7 +315,7 @@ func TestInstallDownloadsTheTargetVersion(t *testing.T) {
 	}
 	f := newInstallCP(t)
 	f.registered = true
-	b, err := os.ReadFile(fakeNymph(t))
+	b, err := os.ReadFile(nymph)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,10 +360,9 @@ func TestInstallDownloadsTheTargetVersion(t *testing.T) {
 	}
 }
 
-func TestInstallErrors(t *testing.T) {
+func testInstallErrors(t *testing.T, nymph string) {
 	f := newInstallCP(t)
 	h := newFakeHost(t)
-	echo := fakeNymph(t)
 	echoPath, err := exec.LookPath("echo")
 	if err != nil {
 		t.Fatal(err)
@@ -377,11 +388,11 @@ func TestInstallErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{"unreachable host", []string{"down", "--binary", echo}, 1, "ssh down failed: ssh: connect to host down port 22: Connection refused"},
+		{"unreachable host", []string{"down", "--binary", nymph}, 1, "ssh down failed: ssh: connect to host down port 22: Connection refused"},
 		{"missing binary", []string{"box", "--binary", "/no/such/nymph"}, 1, "--binary: stat /no/such/nymph: no such file"},
 		{"not an ELF", []string{"box", "--binary", notELF}, 1, "not an ELF executable"},
-		{"binary and base url", []string{"box", "--binary", echo, "--nymph-base-url", "https://x"}, 2, "--binary and --nymph-base-url are mutually exclusive"},
-		{"binary and version", []string{"box", "--binary", echo, "--nymph-version", "1"}, 2, "--nymph-version only applies to a download"},
+		{"binary and base url", []string{"box", "--binary", nymph, "--nymph-base-url", "https://x"}, 2, "--binary and --nymph-base-url are mutually exclusive"},
+		{"binary and version", []string{"box", "--binary", nymph, "--nymph-version", "1"}, 2, "--nymph-version only applies to a download"},
 		{"bad tag", []string{"box", "--tag", "gpu"}, 2, `--tag "gpu": want key:value`},
 		{"bad runner", []string{"box", "--runner", "kubernetes"}, 2, `--runner "kubernetes": unknown runner kind`},
 		{"twice the runner", []string{"box", "--runner", "process", "--runner", "process"}, 2, "given twice"},
@@ -391,13 +402,13 @@ func TestInstallErrors(t *testing.T) {
 		{"label with a space", []string{"box", "--label", "a b"}, 2, "--label"},
 		{"bad base url", []string{"box", "--nymph-base-url", "ftp://x"}, 2, "--nymph-base-url"},
 		{"bad server url", []string{"box", "--server-url", "cp:7700"}, 2, "--server-url"},
-		{"bad copy", []string{"box", "--binary", echo, "--copy", "scp"}, 2, "--copy"},
+		{"bad copy", []string{"box", "--binary", nymph, "--copy", "scp"}, 2, "--copy"},
 		{"copy without binary", []string{"box", "--copy", "ssh"}, 2, "--copy only applies with --binary"},
 		{"bad env", []string{"box", "--remote-env", "A-B=1"}, 2, "--remote-env"},
 		{"bad wait", []string{"box", "--wait-timeout", "0"}, 2, "--wait-timeout"},
 		{"no alias", []string{}, 2, "wants one <ssh-alias>"},
 		{"not nymph", []string{"box", "--binary", echoPath}, 1, `on box: the binary is not nymph: its "version" printed version`},
-		{"no sbatch", []string{"box", "--binary", echo, "--slurm", "--remote-env", "PATH=" + bare}, 1, "sbatch is not on the PATH"},
+		{"no sbatch", []string{"box", "--binary", nymph, "--slurm", "--remote-env", "PATH=" + bare}, 1, "sbatch is not on the PATH"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"daemon", "install", "--ssh", h.ssh}, tc.args...)
