@@ -38,11 +38,14 @@ const limitSubmit = (messages.MaxPayload+2)/3*4 + 1<<20
 const maxScript = 1 << 20
 
 var (
-	invQueueRe   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
-	pyDottedRe   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
-	userNameRe   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$`)
-	scriptModule = "_script"
+	invQueueRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+	pyDottedRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
+	userNameRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$`)
 )
+
+// scriptModule names the function of a script invocation, as "_setup"
+// names a setup's.
+const scriptModule = "_script"
 
 func invocationKey(id string) string { return "i:" + id }
 
