@@ -415,7 +415,8 @@ func (a *app) install(ctx context.Context, cmd *cobra.Command, alias string, f *
 		if f.jsonOut {
 			return writeJSON(a.env.Stdout, res)
 		}
-		return nil
+		_, err := fmt.Fprintf(a.env.Stdout, "not waiting for it to register; see lakeshore daemon show %s\n", label)
+		return err
 	}
 	w, werr := a.waitRegistered(ctx, c, ssh, layout, label, f.slurm, plan)
 	if werr == nil {
