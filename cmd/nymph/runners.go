@@ -120,5 +120,4 @@ func available(kinds []string, rc config.Runners, look lookPath) (ok []string, m
 	return ok, missing
 }
 
-
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
