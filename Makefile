@@ -8,8 +8,10 @@ GO      ?= go
 # `go test`; binaries are built with -trimpath for reproducibility.
 GOFLAGS ?= -mod=readonly
 export GOFLAGS
-BUILD_FLAGS ?= -trimpath
+BUILD_FLAGS ?= -trimpath -ldflags "$(LDFLAGS)"
 
+VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS      ?= -X nymph/buildinfo.Version=$(VERSION)
 PKGS         ?= ./...
 TEST_TIMEOUT ?= 12m
 TEST_FLAGS   ?= -race -count=1 -timeout $(TEST_TIMEOUT)
