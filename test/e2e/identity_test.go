@@ -679,7 +679,26 @@ func TestIdentityRevocation(t *testing.T) {
 	if keys := showKeys(t, cp, "revokee"); len(keys) != 1 || keys[0].RevokedAt == nil {
 		t.Fatalf("keys %+v", keys)
 	}
+
+	// Coming back takes a new key and a fresh enrollment token.
 	d.Kill()
+	if err := os.Remove(id.KeyFile); err != nil {
+		t.Fatal(err)
+	}
+	id.setToken(t, mintEnroll(t, cp))
+	d.Start(d.Bin, nil)
+	harness.WaitFor(t, 30*time.Second, "the re-enrollment", func() bool {
+		return strings.Count(d.Log(), `"message":"identity key enrolled"`) == 2
+	})
+	fresh := id.key(t)
+	if fresh.ID() == key.ID() {
+		t.Fatal("the daemon kept its revoked key")
+	}
+	r = cp.CLI(t, "daemon", "exec", "revokee", "echo", "back")
+	if r.Code != 0 || r.Stdout != "back\n" {
+		t.Fatalf("exec after re-enrollment: %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	stopDaemon(t, d)
 }
 
 // TestIdentityRequireSignatures: with LAKESHORE_REQUIRE_DAEMON_SIGNATURES=1 a
