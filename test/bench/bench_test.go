@@ -79,6 +79,7 @@ func TestBench(t *testing.T) {
 	rawRate := 1 / bash.Seconds()
 	rep.add(fmt.Sprintf("%d back-to-back execs on one daemon", n), fmt.Sprintf("%.0f /s", perSec), fmt.Sprintf("raw spawn %.0f /s", rawRate), perSec/rawRate, ">= 0.25 x raw spawn", boolp(perSec >= 0.25*rawRate))
 
+	runRows(t, rep, cp, execRT, perSec)
 	otaRows(t, rep, cp)
 	identityRows(t, rep, cp, "bench")
 
