@@ -354,11 +354,13 @@ func TestRunSIGTERMCancels(t *testing.T) {
 	image := realparts.PodmanImage(t)
 	podman := realparts.RequireTool(t, "podman")[0]
 	cp := harness.StartControlPlane(t, harness.CPOptions{})
-	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "terminated", Runners: []string{"process", "docker"}, GraceS: 1,
+	// The stdout tail travels on polls: poll often.
+	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "terminated", Runners: []string{"process", "docker"}, GraceS: 1, WaitMaxS: 1,
 		ExtraTOML: podmanTOML() + "[runners.process]\nkill_grace_s = 1\n"})
 	key, value := runMark(t)
 	t.Cleanup(func() { killMarked(key, value) })
-	long := writeTemp(t, "long.sh", []byte("echo started; sleep 60"))
+	// 10 000 bytes of output first: the stdout tail keeps the last 4 KiB.
+	long := writeTemp(t, "long.sh", []byte("head -c 10000 /dev/zero | tr '\\0' x; echo; echo started; sleep 60"))
 	procID := submitInv(t, cp, "--runner", "process", "--env", key+"="+value, "--script", long)
 	dockID := submitInv(t, cp, "--runner", "docker", "--image", image, "--env", key+"="+value, "--script", long)
 	container := "nymph-" + dockID
@@ -372,9 +374,18 @@ func TestRunSIGTERMCancels(t *testing.T) {
 	harness.WaitFor(t, 60*time.Second, "the container and the process to run", func() bool {
 		return strings.Contains(psNames(), container) && len(withMark(key, value)) >= 2
 	})
-	harness.WaitFor(t, 30*time.Second, "both runs' output in the stdout tail", func() bool {
-		return strings.Contains(showInv(t, cp, procID).StdoutTail, "started") && strings.Contains(showInv(t, cp, dockID).StdoutTail, "started")
-	})
+	for _, id := range []string{procID, dockID} {
+		harness.WaitFor(t, 30*time.Second, "the output of "+id+" in its stdout tail", func() bool {
+			tail := showInv(t, cp, id).StdoutTail
+			if len(tail) > 4096 {
+				t.Fatalf("stdout tail of %d bytes, want at most 4 KiB", len(tail))
+			}
+			return strings.HasSuffix(tail, strings.Repeat("x", 100)+"\nstarted\n")
+		})
+		if n := len(showInv(t, cp, id).StdoutTail); n != 4096 {
+			t.Fatalf("stdout tail of %s holds %d bytes of 10 009, want the last 4096", id, n)
+		}
+	}
 
 	d.Signal(syscall.SIGTERM)
 	select {
