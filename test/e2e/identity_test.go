@@ -43,6 +43,9 @@ type recorded struct {
 type recorder struct {
 	URL      string
 	failKeys atomic.Bool
+	// loseKeys is how many /keys answers to swallow: the request reaches
+	// the control plane, the daemon gets a 502 instead of the answer.
+	loseKeys atomic.Int32
 
 	mu   sync.Mutex
 	reqs []recorded
@@ -70,6 +73,14 @@ func startRecorder(t *testing.T, cp *harness.ControlPlane) *recorder {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		if r.URL.Path == "/v1/daemon/keys" && rec.loseKeys.Add(-1) >= 0 {
+			lost := httptest.NewRecorder()
+			rp.ServeHTTP(lost, r)
+			http.Error(w, "answer lost on the way (test proxy)", http.StatusBadGateway)
+			entry.Status = lost.Code
+			rec.add(entry)
+			return
+		}
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		rp.ServeHTTP(sw, r)
 		entry.Status = sw.status
@@ -622,13 +633,35 @@ func TestIdentityRotationKeysCallFails(t *testing.T) {
 		}
 	}
 
-	// With the path clear, the next rotation goes through.
+	// The control plane accepts, but its answer is lost: the daemon offers
+	// the same key again, signed by the key just retired, and the control
+	// plane answers the repeat with the same acceptance.
 	rec.failKeys.Store(false)
+	rec.loseKeys.Store(1)
 	expectCode(t, cp.CLI(t, "daemon", "rotate-key", "stuck"), 0)
 	harness.WaitFor(t, 30*time.Second, "the rotated key on disk", func() bool {
 		k, err := identity.Load(id.KeyFile)
 		return err == nil && k.ID() != old.ID()
 	})
+	next := id.key(t)
+	var offers []recorded
+	for _, k := range rec.all("/v1/daemon/keys") {
+		if k.Status == http.StatusOK {
+			offers = append(offers, k)
+		}
+	}
+	if len(offers) != 2 || !bytes.Equal(offers[0].Body, offers[1].Body) || offers[1].Header.Get(identity.HeaderKeyID) != old.ID() {
+		t.Fatalf("want the accepted offer and its identical repeat, got %d: %+v", len(offers), offers)
+	}
+	keys = showKeys(t, cp, "stuck")
+	if len(keys) != 2 {
+		t.Fatalf("keys %+v", keys)
+	}
+	for _, k := range keys {
+		if (k.KeyID == next.ID()) != (k.RevokedAt == nil) {
+			t.Fatalf("keys %+v: want %s current and the old one revoked", keys, next.ID())
+		}
+	}
 	expectCode(t, cp.CLI(t, "daemon", "exec", "stuck", "true"), 0)
 	stopDaemon(t, d)
 }
