@@ -334,7 +334,9 @@ type Daemon struct {
 }
 
 // DaemonOptions tune StartDaemon. Extra TOML is appended to the generated
-// config under the section it names (e.g. "[runtime]\nmax_invocations = 2").
+// config and must bring its own tables (e.g. "[runners.docker]\ncli =
+// \"podman\""): the generated sections cannot be opened again, so their keys
+// have fields here (MaxInvocations, GraceS, ...).
 type DaemonOptions struct {
 	Label      string
 	Queue      string
