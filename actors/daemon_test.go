@@ -2,6 +2,8 @@ package actors_test
 
 import (
 	"errors"
+	"net/http"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"os"
@@ -535,5 +537,31 @@ func TestStopNowSkipsTheGrace(t *testing.T) {
 	}
 	if r := h.cp.WaitResult("long", 5*time.Second); r.ExitCode != messages.ExitFailed {
 		t.Fatalf("%+v", r)
+	}
+}
+
+// A daemon whose credentials stop working (a revoked key or token) says
+// hello again after a 401 on poll, so a refusal ends it with its reason
+// instead of leaving it polling forever.
+func TestPollUnauthorizedSaysHelloAgain(t *testing.T) {
+	var hellos atomic.Int32
+	h := newHarness(t, setup{cpOpts: []fakecp.Option{fakecp.WithHello(func(*messages.HelloRequest) messages.HelloResponse {
+		if hellos.Add(1) == 1 {
+			id := "w1"
+			return messages.HelloResponse{WorkerID: &id}
+		}
+		return messages.HelloResponse{Reject: &messages.Reject{Code: messages.RejectEnrollTokenRequired, Message: "key revoked"}}
+	})}, noStart: true})
+	h.cp.Fail(fakecp.RoutePoll, 1, http.StatusUnauthorized)
+	if err := h.d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	err := h.wait(20 * time.Second)
+	var rej *actors.RejectError
+	if !errors.As(err, &rej) || rej.Code != messages.RejectEnrollTokenRequired {
+		t.Fatalf("err = %v, want the second hello's reject", err)
+	}
+	if n := hellos.Load(); n != 2 {
+		t.Fatalf("hellos = %d, want 2", n)
 	}
 }

@@ -226,6 +226,9 @@ type StatusError struct {
 	Body   string
 }
 
+// HTTPStatus lets callers that must not import this package read the status.
+func (e *StatusError) HTTPStatus() int { return e.Status }
+
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("%s %s: HTTP %d: %s", e.Method, e.URL, e.Status, e.Body)
 }

@@ -17,6 +17,8 @@ package poller
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -292,6 +294,12 @@ func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
 		return
 	}
 	if m.err != nil {
+		// A 401 means this daemon's credentials stopped working (a revoked
+		// key or token). Say hello again, so that a refusal ends the daemon
+		// with its reason instead of leaving it polling forever.
+		if httpStatus(m.err) == http.StatusUnauthorized {
+			p.d.State.unregister()
+		}
 		p.backOff(ctx, m.err, "poll failed")
 		return
 	}
@@ -326,6 +334,15 @@ func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
 		ctx.Send(ctx.Parent(), &TargetVersion{Version: *v})
 	}
 	p.maybePoll(ctx)
+}
+
+// httpStatus is the HTTP status behind err, or 0.
+func httpStatus(err error) int {
+	var se interface{ HTTPStatus() int }
+	if errors.As(err, &se) {
+		return se.HTTPStatus()
+	}
+	return 0
 }
 
 // cursorOr keeps the last cursor received when a response carries none.

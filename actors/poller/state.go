@@ -126,6 +126,14 @@ func (s *State) register(workerID string, cursor *string) {
 	s.cursor = cursor
 }
 
+// unregister makes the next request a hello again; the worker id and the
+// cursor are kept for it.
+func (s *State) unregister() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.registered = false
+}
+
 func (s *State) setCursor(c *string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -712,6 +712,16 @@ func TestIdentityRevocation(t *testing.T) {
 	if keys := showKeys(t, cp, "revokee"); len(keys) != 1 || keys[0].RevokedAt == nil {
 		t.Fatalf("keys %+v", keys)
 	}
+	// The refused daemon says hello again and, refused there too, exits
+	// with the reason rather than polling forever.
+	select {
+	case <-d.Done():
+	case <-time.After(60 * time.Second):
+		t.Fatal("the revoked daemon is still running")
+	}
+	if code := d.ExitCode(); code != 3 || !strings.Contains(d.Log(), "enroll_token") {
+		t.Fatalf("revoked daemon exit code %d, log:\n%s", code, d.Log())
+	}
 
 	// Coming back takes a new key and a fresh enrollment token.
 	d.Kill()
