@@ -1,0 +1,467 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"nymph/store"
+)
+
+// maxTail bounds the stdout tail kept per invocation; daemons send 4 KiB.
+const maxTail = 16 << 10
+
+const invocationColumns = `id, namespace, queue, module, qualname, runner, run_config, args, args_key, args_size,
+	script, as_user, parent_id, root_id, run_body, state, worker_id, worker_label, command_id,
+	created_at, started_at, finished_at, result, COALESCE(octet_length(result), 0), error, stdout_tail, reported_at`
+
+// listColumns leaves the bytes out: lists show state, not payloads.
+const listColumns = `id, namespace, queue, module, qualname, runner, run_config, NULL::bytea, args_key, args_size,
+	script, as_user, parent_id, root_id, NULL::bytea, state, worker_id, worker_label, command_id,
+	created_at, started_at, finished_at, NULL::bytea, COALESCE(octet_length(result), 0), error, stdout_tail, reported_at`
+
+func scanInvocation(row rowScanner) (store.Invocation, error) {
+	var (
+		inv                         store.Invocation
+		runConfig                   string
+		errText                     *string
+		created                     int64
+		started, finished, reported *int64
+	)
+	err := row.Scan(&inv.ID, &inv.Namespace, &inv.Queue, &inv.Module, &inv.Qualname, &inv.Runner, &runConfig,
+		&inv.Args, &inv.ArgsKey, &inv.ArgsSize, &inv.Script, &inv.AsUser, &inv.ParentInvocationID, &inv.RootInvocationID,
+		&inv.RunBody, &inv.State, &inv.WorkerID, &inv.WorkerLabel, &inv.CommandID, &created, &started, &finished,
+		&inv.Result, &inv.ResultSize, &errText, &inv.StdoutTail, &reported)
+	if err != nil {
+		return store.Invocation{}, err
+	}
+	inv.RunConfig = []byte(runConfig)
+	if errText != nil {
+		inv.Error = []byte(*errText)
+	}
+	inv.CreatedAt, inv.StartedAt, inv.FinishedAt, inv.ReportedAt = fromMs(created), fromNullMs(started), fromNullMs(finished), fromNullMs(reported)
+	return inv, nil
+}
+
+func getInvocation(ctx context.Context, q querier, namespace, id string, lock bool) (store.Invocation, error) {
+	query := `SELECT ` + invocationColumns + ` FROM invocations WHERE id = $1`
+	args := []any{id}
+	if namespace != "" {
+		query += ` AND namespace = $2`
+		args = append(args, namespace)
+	}
+	if lock {
+		query += ` FOR UPDATE`
+	}
+	inv, err := scanInvocation(q.QueryRow(ctx, query, args...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Invocation{}, notFound("invocation", id)
+	}
+	if err != nil {
+		return store.Invocation{}, fmt.Errorf("read invocation %s: %w", id, err)
+	}
+	return inv, nil
+}
+
+// CreateInvocation implements store.Invocations.
+func (db *DB) CreateInvocation(ctx context.Context, n store.NewInvocation) (store.Invocation, error) {
+	inv, err := scanInvocation(db.pool.QueryRow(ctx, `INSERT INTO invocations (id, namespace, queue, module, qualname, runner, run_config,
+		args, args_key, args_size, script, as_user, parent_id, root_id, run_body, state, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING `+invocationColumns,
+		n.ID, n.Namespace, n.Queue, n.Module, n.Qualname, n.Runner, string(n.RunConfig),
+		n.Args, n.ArgsKey, n.ArgsSize, n.Script, n.AsUser, n.ParentInvocationID, n.RootInvocationID,
+		nonNilBytes(n.RunBody), store.InvocationQueued, ms(n.Now)))
+	if err != nil {
+		return store.Invocation{}, fmt.Errorf("create invocation %s: %w", n.ID, err)
+	}
+	return inv, nil
+}
+
+// Invocation implements store.Invocations.
+func (db *DB) Invocation(ctx context.Context, namespace, id string) (store.Invocation, error) {
+	return getInvocation(ctx, db.pool, namespace, id, false)
+}
+
+// params numbers query parameters as they are added.
+type params []any
+
+func (p *params) add(v any) string {
+	*p = append(*p, v)
+	return "$" + strconv.Itoa(len(*p))
+}
+
+// ListInvocations implements store.Invocations.
+func (db *DB) ListInvocations(ctx context.Context, f store.InvocationFilter) ([]store.Invocation, error) {
+	var args params
+	query := `SELECT ` + listColumns + ` FROM invocations WHERE namespace = ` + args.add(f.Namespace)
+	if f.State != "" {
+		query += ` AND state = ` + args.add(f.State)
+	}
+	if f.Queue != "" {
+		query += ` AND queue = ` + args.add(f.Queue)
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	query += ` ORDER BY created_at DESC, id DESC LIMIT ` + args.add(limit)
+	rows, err := db.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list invocations: %w", err)
+	}
+	defer rows.Close()
+	out := []store.Invocation{}
+	for rows.Next() {
+		inv, err := scanInvocation(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list invocations: %w", err)
+		}
+		out = append(out, inv)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list invocations: %w", err)
+	}
+	return out, nil
+}
+
+// ClaimInvocations implements store.Invocations.
+func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invocation, error) {
+	out := []store.Invocation{}
+	if c.Limit <= 0 {
+		return out, nil
+	}
+	// Most polls find nothing queued; finding that out without a
+	// transaction keeps them cheap.
+	var queued bool
+	err := db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE state = $1 AND namespace =
+		(SELECT namespace FROM workers WHERE id = $2))`, store.InvocationQueued, c.WorkerID).Scan(&queued)
+	if err != nil {
+		return nil, fmt.Errorf("claim invocations for %s: %w", c.WorkerID, err)
+	}
+	if !queued {
+		return out, nil
+	}
+	err = db.tx(ctx, func(tx pgx.Tx) error {
+		out = []store.Invocation{}
+		// The worker's row lock orders this claim with everything else
+		// that numbers its commands, and with a second claim for it.
+		if err := lockWorker(ctx, tx, c.WorkerID); err != nil {
+			return err
+		}
+		w, err := getWorker(ctx, tx, "", c.WorkerID)
+		if err != nil {
+			return err
+		}
+		if w.State != store.StateActive || len(w.Capabilities.Runners) == 0 ||
+			(w.HibernatingUntil != nil && w.HibernatingUntil.After(c.Now)) {
+			return nil
+		}
+		limit := c.Limit
+		if max := int(w.Capabilities.MaxInvocations); max > 0 {
+			var running int
+			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM invocations WHERE worker_id = $1 AND state = $2`,
+				w.ID, store.InvocationRunning).Scan(&running); err != nil {
+				return fmt.Errorf("count running: %w", err)
+			}
+			limit = min(limit, max-running)
+		}
+		if limit <= 0 {
+			return nil
+		}
+		query, args := claimQuery(w, limit)
+		rows, err := tx.Query(ctx, query, args...)
+		if err != nil {
+			return fmt.Errorf("find queued: %w", err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("find queued: %w", err)
+		}
+		seq := w.LastSeq
+		for _, id := range ids {
+			cmdID := c.NewID()
+			// The rows are locked (SKIP LOCKED passed over those another
+			// claimer holds); the state guard is kept for clarity's sake
+			// and costs nothing.
+			tag, err := tx.Exec(ctx, `UPDATE invocations SET state = $1, worker_id = $2, worker_label = $3, command_id = $4,
+				started_at = $5, missing_since = NULL WHERE id = $6 AND state = $7`,
+				store.InvocationRunning, w.ID, w.Label, cmdID, ms(c.Now), id, store.InvocationQueued)
+			if err != nil {
+				return fmt.Errorf("claim %s: %w", id, err)
+			}
+			if tag.RowsAffected() != 1 {
+				continue
+			}
+			seq++
+			if _, err := tx.Exec(ctx, `INSERT INTO commands (id, worker_id, seq, kind, body, created_at)
+				SELECT $1, $2, $3, $4, run_body, $5 FROM invocations WHERE id = $6`,
+				cmdID, w.ID, seq, store.KindRun, ms(c.Now), id); err != nil {
+				return fmt.Errorf("queue run of %s: %w", id, err)
+			}
+			inv, err := getInvocation(ctx, tx, "", id, false)
+			if err != nil {
+				return err
+			}
+			out = append(out, inv)
+		}
+		if seq != w.LastSeq {
+			if _, err := tx.Exec(ctx, `UPDATE workers SET last_seq = $1 WHERE id = $2`, seq, w.ID); err != nil {
+				return fmt.Errorf("bump seq: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim invocations for %s: %w", c.WorkerID, err)
+	}
+	return out, nil
+}
+
+// claimQuery selects and locks the ids of the oldest queued invocations w
+// may take, skipping those another claimer has locked.
+func claimQuery(w store.Worker, limit int) (string, []any) {
+	var (
+		b    strings.Builder
+		args params
+	)
+	b.WriteString(`SELECT id FROM invocations WHERE namespace = ` + args.add(w.Namespace) + ` AND state = ` + args.add(store.InvocationQueued))
+	pq := w.PollQueue
+	if pq == "" {
+		pq = "default"
+	}
+	if prefix, ok := strings.CutSuffix(pq, "*"); ok {
+		b.WriteString(` AND starts_with(queue, ` + args.add(prefix) + `::text)`)
+	} else {
+		b.WriteString(` AND queue = ` + args.add(pq))
+	}
+	b.WriteString(` AND (runner = '' OR runner = ANY(` + args.add(w.Capabilities.Runners) + `::text[]))`)
+	b.WriteString(` ORDER BY created_at, id LIMIT ` + args.add(limit) + ` FOR UPDATE SKIP LOCKED`)
+	return b.String(), args
+}
+
+// FinishInvocation implements store.Invocations.
+func (db *DB) FinishInvocation(ctx context.Context, f store.Finish) (store.Invocation, bool, error) {
+	var (
+		out     store.Invocation
+		applied bool
+	)
+	var errText *string
+	if len(f.Error) > 0 {
+		s := string(f.Error)
+		errText = &s
+	}
+	err := db.tx(ctx, func(tx pgx.Tx) error {
+		applied = false
+		cur, err := getInvocation(ctx, tx, "", f.ID, true)
+		if err != nil {
+			return err
+		}
+		out = cur
+		if !slices.Contains(f.From, cur.State) || (f.WorkerID != "" && cur.WorkerID != f.WorkerID) {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `UPDATE invocations SET state = $1, result = $2, error = $3, finished_at = $4, missing_since = NULL
+			WHERE id = $5`, f.State, f.Result, errText, ms(f.Now), f.ID); err != nil {
+			return fmt.Errorf("update: %w", err)
+		}
+		if _, err := withdrawRun(ctx, tx, cur.CommandID); err != nil {
+			return err
+		}
+		applied = true
+		out, err = getInvocation(ctx, tx, "", f.ID, false)
+		return err
+	})
+	if err != nil {
+		return store.Invocation{}, false, fmt.Errorf("finish invocation %s: %w", f.ID, err)
+	}
+	return out, applied, nil
+}
+
+// withdrawRun deletes a run command its worker has not been sent yet, so a
+// finished or cancelled invocation is never started after all. A take
+// delivering it at the same moment holds its row lock; the delete waits for
+// it and then finds the command delivered.
+func withdrawRun(ctx context.Context, tx pgx.Tx, commandID string) (bool, error) {
+	if commandID == "" {
+		return false, nil
+	}
+	tag, err := tx.Exec(ctx, `DELETE FROM commands WHERE id = $1 AND delivered_at IS NULL AND acked_at IS NULL`, commandID)
+	if err != nil {
+		return false, fmt.Errorf("withdraw run command: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ReportRunning implements store.Invocations.
+func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store.LostInvocation, error) {
+	reported := make(map[string]store.InvocationStatus, len(r.Statuses))
+	for _, s := range r.Statuses {
+		reported[s.InvocationID] = s
+	}
+	lost := []store.LostInvocation{}
+	if len(r.Statuses) == 0 {
+		var running bool
+		err := db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE worker_id = $1 AND state = $2)`,
+			r.WorkerID, store.InvocationRunning).Scan(&running)
+		if err != nil {
+			return nil, fmt.Errorf("report running of %s: %w", r.WorkerID, err)
+		}
+		if !running {
+			return lost, nil
+		}
+	}
+	err := db.tx(ctx, func(tx pgx.Tx) error {
+		lost = []store.LostInvocation{}
+		rows, err := tx.Query(ctx, `SELECT i.id, i.namespace, i.worker_label, i.missing_since,
+			(c.id IS NULL OR c.acked_at IS NOT NULL)
+			FROM invocations i LEFT JOIN commands c ON c.id = i.command_id
+			WHERE i.worker_id = $1 AND i.state = $2 ORDER BY i.id FOR UPDATE OF i`, r.WorkerID, store.InvocationRunning)
+		if err != nil {
+			return fmt.Errorf("read running: %w", err)
+		}
+		type running struct {
+			id, ns, label string
+			missing       *int64
+			received      bool
+		}
+		var all []running
+		for rows.Next() {
+			var x running
+			if err := rows.Scan(&x.id, &x.ns, &x.label, &x.missing, &x.received); err != nil {
+				rows.Close()
+				return err
+			}
+			all = append(all, x)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, x := range all {
+			if st, ok := reported[x.id]; ok {
+				if _, err := tx.Exec(ctx, `UPDATE invocations SET stdout_tail = $1, reported_at = $2, missing_since = NULL WHERE id = $3`,
+					clipTail(st.StdoutTail), ms(r.Now), x.id); err != nil {
+					return fmt.Errorf("record status of %s: %w", x.id, err)
+				}
+				continue
+			}
+			if !x.received {
+				continue
+			}
+			if x.missing == nil {
+				if _, err := tx.Exec(ctx, `UPDATE invocations SET missing_since = $1 WHERE id = $2`, ms(r.Now), x.id); err != nil {
+					return fmt.Errorf("mark %s missing: %w", x.id, err)
+				}
+				if r.MissingGrace > 0 {
+					continue
+				}
+			} else if r.Now.Sub(fromMs(*x.missing)) < r.MissingGrace {
+				continue
+			}
+			lost = append(lost, store.LostInvocation{ID: x.id, Namespace: x.ns, WorkerID: r.WorkerID, WorkerLabel: x.label, Reason: store.LostMissing})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("report running of %s: %w", r.WorkerID, err)
+	}
+	return lost, nil
+}
+
+// clipTail keeps the last maxTail bytes, cut at a character boundary.
+func clipTail(s string) string {
+	if len(s) <= maxTail {
+		return s
+	}
+	s = s[len(s)-maxTail:]
+	for len(s) > 0 && !utf8.RuneStart(s[0]) {
+		s = s[1:]
+	}
+	return s
+}
+
+// LostInvocations implements store.Invocations.
+func (db *DB) LostInvocations(ctx context.Context, staleBefore time.Time) ([]store.LostInvocation, error) {
+	rows, err := db.pool.Query(ctx, `SELECT i.id, i.namespace, i.worker_id, i.worker_label, w.id IS NULL, COALESCE(w.state, '')
+		FROM invocations i LEFT JOIN workers w ON w.id = i.worker_id
+		WHERE i.state = $1 AND (w.id IS NULL OR w.state = $2 OR
+			(w.last_seen_at < $3 AND (w.hibernating_until IS NULL OR w.hibernating_until < $3)))
+		ORDER BY i.created_at, i.id`, store.InvocationRunning, store.StateGone, ms(staleBefore))
+	if err != nil {
+		return nil, fmt.Errorf("find lost invocations: %w", err)
+	}
+	defer rows.Close()
+	out := []store.LostInvocation{}
+	for rows.Next() {
+		var (
+			l       store.LostInvocation
+			removed bool
+			state   string
+		)
+		if err := rows.Scan(&l.ID, &l.Namespace, &l.WorkerID, &l.WorkerLabel, &removed, &state); err != nil {
+			return nil, fmt.Errorf("find lost invocations: %w", err)
+		}
+		switch {
+		case removed:
+			l.Reason = store.LostRemoved
+		case state == store.StateGone:
+			l.Reason = store.LostGone
+		default:
+			l.Reason = store.LostStale
+		}
+		out = append(out, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("find lost invocations: %w", err)
+	}
+	return out, nil
+}
+
+// CancelInvocation implements store.Invocations.
+func (db *DB) CancelInvocation(ctx context.Context, namespace, id string, errJSON []byte, now time.Time) (store.Invocation, bool, error) {
+	var (
+		out       store.Invocation
+		cancelled bool
+	)
+	var errText *string
+	if len(errJSON) > 0 {
+		s := string(errJSON)
+		errText = &s
+	}
+	err := db.tx(ctx, func(tx pgx.Tx) error {
+		cancelled = false
+		cur, err := getInvocation(ctx, tx, namespace, id, true)
+		if err != nil {
+			return err
+		}
+		out = cur
+		switch cur.State {
+		case store.InvocationQueued:
+		case store.InvocationRunning:
+			withdrawn, err := withdrawRun(ctx, tx, cur.CommandID)
+			if err != nil || !withdrawn {
+				return err
+			}
+		default:
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `UPDATE invocations SET state = $1, error = $2, finished_at = $3, missing_since = NULL WHERE id = $4`,
+			store.InvocationCancelled, errText, ms(now), id); err != nil {
+			return fmt.Errorf("cancel: %w", err)
+		}
+		cancelled = true
+		out, err = getInvocation(ctx, tx, "", id, false)
+		return err
+	})
+	if err != nil {
+		return store.Invocation{}, false, fmt.Errorf("cancel invocation %s: %w", id, err)
+	}
+	return out, cancelled, nil
+}

@@ -1,0 +1,182 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"nymph/store"
+	"nymph/store/postgres"
+	"nymph/store/storetest"
+	"nymph/test/realparts"
+)
+
+// server is one private PostgreSQL for the whole test function; every
+// subtest gets a database of its own on it.
+type server struct {
+	pg *realparts.Postgres
+	n  atomic.Int64
+}
+
+func startServer(t *testing.T) *server {
+	t.Helper()
+	return &server{pg: realparts.StartPostgres(t)}
+}
+
+// newDatabase creates an empty database and returns its DSN.
+func (s *server) newDatabase(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	name := fmt.Sprintf("t%d", s.n.Add(1))
+	conn, err := pgx.Connect(ctx, s.pg.DSN)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create database %s: %v", name, err)
+	}
+	u, err := url.Parse(s.pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func open(t *testing.T, dsn string) *postgres.DB {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func TestPostgres(t *testing.T) {
+	srv := startServer(t)
+
+	t.Run("Conformance", func(t *testing.T) {
+		storetest.Run(t, storetest.Backend{
+			Replicas: true,
+			NewDatabase: func(t *testing.T) func(*testing.T) store.Store {
+				dsn := srv.newDatabase(t)
+				return func(t *testing.T) store.Store {
+					db, err := postgres.Open(context.Background(), dsn)
+					if err != nil {
+						t.Fatalf("open: %v", err)
+					}
+					return db
+				}
+			},
+		})
+	})
+
+	t.Run("ReplicasStartingTogetherMigrateOnce", func(t *testing.T) {
+		dsn := srv.newDatabase(t)
+		const replicas = 6
+		dbs := make([]*postgres.DB, replicas)
+		errs := make([]error, replicas)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range replicas {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				dbs[i], errs[i] = postgres.Open(context.Background(), dsn)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("replica %d: %v", i, err)
+			}
+			t.Cleanup(func() { dbs[i].Close() })
+		}
+		rows, err := dbs[0].Pool().Query(context.Background(), `SELECT version FROM schema_migrations ORDER BY version`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(versions) != "[1 2 3 4]" {
+			t.Fatalf("applied versions %v", versions)
+		}
+	})
+
+	t.Run("BadDSN", func(t *testing.T) {
+		if _, err := postgres.Open(context.Background(), "postgres://%zz"); err == nil {
+			t.Fatal("a malformed DSN opened")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		u, _ := url.Parse(srv.pg.DSN)
+		u.Path = "/no_such_database"
+		if _, err := postgres.Open(ctx, u.String()); err == nil {
+			t.Fatal("a missing database opened")
+		}
+	})
+
+	t.Run("NotifierCarriesKeysBetweenReplicas", func(t *testing.T) {
+		dsn := srv.newDatabase(t)
+		a, b := open(t, dsn), open(t, dsn)
+		na, nb := a.Notifier(), b.Notifier()
+		ctx, cancel := context.WithCancel(context.Background())
+		got := make(chan string, 16)
+		done := make(chan error, 1)
+		go func() { done <- na.Listen(ctx, func(key string) { got <- key }) }()
+		next := func() string {
+			t.Helper()
+			select {
+			case k := <-got:
+				return k
+			case err := <-done:
+				t.Fatalf("listen ended: %v", err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("no wake-up within 10 s")
+			}
+			return ""
+		}
+		if k := next(); k != "" {
+			t.Fatalf("first delivery %q, want the empty key (listening now)", k)
+		}
+		// A's own key does not come back to it; B's does, in order.
+		if err := na.Publish(ctx, "w:own"); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"w:worker-1", "e:exec 2"} {
+			if err := nb.Publish(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if k := next(); k != "w:worker-1" {
+			t.Fatalf("got %q", k)
+		}
+		if k := next(); k != "e:exec 2" {
+			t.Fatalf("got %q", k)
+		}
+		cancel()
+		select {
+		case err := <-done:
+			if err != context.Canceled {
+				t.Fatalf("listen returned %v after cancel", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("listen did not return after cancel")
+		}
+		if len(got) != 0 {
+			t.Fatalf("unexpected wake-up %q", <-got)
+		}
+	})
+}
