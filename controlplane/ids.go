@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -41,11 +42,11 @@ func newSecret(prefix string) string {
 }
 
 var (
-	namespaceRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-	pathIDRe    = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+	namespaceRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`) })
+	pathIDRe    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`) })
 )
 
-func validNamespace(ns string) bool { return namespaceRe.MatchString(ns) }
+func validNamespace(ns string) bool { return namespaceRe().MatchString(ns) }
 
 // validPathID screens ids taken from a URL before they reach the store.
-func validPathID(id string) bool { return pathIDRe.MatchString(id) }
+func validPathID(id string) bool { return pathIDRe().MatchString(id) }

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -38,9 +39,11 @@ const limitSubmit = (messages.MaxPayload+2)/3*4 + 1<<20
 const maxScript = 1 << 20
 
 var (
-	invQueueRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
-	pyDottedRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
-	userNameRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$`)
+	invQueueRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`) })
+	pyDottedRe = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
+	})
+	userNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$`) })
 )
 
 // scriptModule names the function of a script invocation, as "_setup"
@@ -80,7 +83,7 @@ func validateInvocation(req operatorapi.InvocationRequest) (submission, error) {
 	if sub.queue == "" {
 		sub.queue = operatorapi.DefaultQueue
 	}
-	if !invQueueRe.MatchString(sub.queue) {
+	if !invQueueRe().MatchString(sub.queue) {
 		return sub, badField(http.StatusBadRequest, "queue",
 			"%q must start with a letter or digit and contain only letters, digits and . _ : / - (at most 128); a '*' belongs on the daemon's side", sub.queue)
 	}
@@ -135,7 +138,7 @@ func validateInvocation(req operatorapi.InvocationRequest) (submission, error) {
 	}
 
 	if u := req.AsUser; u != "" {
-		if !userNameRe.MatchString(u) {
+		if !userNameRe().MatchString(u) {
 			return sub, badField(http.StatusBadRequest, "as_user", "%q is not a user name", u)
 		}
 		sub.asUser = &u
@@ -161,7 +164,7 @@ func validateInvocation(req operatorapi.InvocationRequest) (submission, error) {
 		if len(req.Args) > 0 {
 			return sub, badField(http.StatusBadRequest, "args_key", "give either args or args_key, not both")
 		}
-		if !payloadKeyRe.MatchString(req.ArgsKey) {
+		if !payloadKeyRe().MatchString(req.ArgsKey) {
 			return sub, badField(http.StatusBadRequest, "args_key", "not a payload key")
 		}
 	}
@@ -188,7 +191,7 @@ func parseFunction(s, runner string) (messages.FunctionRef, error) {
 	case colon && !bareOK && qualname == "":
 		return messages.FunctionRef{}, badField(http.StatusBadRequest, field, `%q: the qualname after ':' is empty`, s)
 	}
-	if runner == "python" && (!pyDottedRe.MatchString(module) || !pyDottedRe.MatchString(qualname)) {
+	if runner == "python" && (!pyDottedRe().MatchString(module) || !pyDottedRe().MatchString(qualname)) {
 		return messages.FunctionRef{}, badField(http.StatusBadRequest, field,
 			`%q: the python runner wants "package.module:Name.attr" with Python identifiers`, s)
 	}

@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"nymph/messages"
@@ -30,7 +31,7 @@ import (
 // token, so it survives restarts and cannot be forged or stretched.
 
 // payloadKeyRe is what a key may look like: one safe path segment.
-var payloadKeyRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$`)
+var payloadKeyRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$`) })
 
 const (
 	payloadsDir   = "payloads"
@@ -203,7 +204,7 @@ func (p payloadStore) verify(token, op string, now time.Time) (capability, error
 		return capability{}, forbidden
 	}
 	var c capability
-	if json.Unmarshal(body, &c) != nil || c.Op != op || !validNamespace(c.NS) || !payloadKeyRe.MatchString(c.Key) {
+	if json.Unmarshal(body, &c) != nil || c.Op != op || !validNamespace(c.NS) || !payloadKeyRe().MatchString(c.Key) {
 		return capability{}, forbidden
 	}
 	if now.Unix() > c.Exp {
@@ -308,7 +309,7 @@ func (s *Server) presign(r *http.Request, ns string, req messages.PresignRequest
 	if req.Key != nil {
 		key = *req.Key
 	}
-	if key != "" && !payloadKeyRe.MatchString(key) {
+	if key != "" && !payloadKeyRe().MatchString(key) {
 		return nil, badField(http.StatusBadRequest, "key", "must be 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit")
 	}
 	switch req.Op {
@@ -343,7 +344,7 @@ func (s *Server) presign(r *http.Request, ns string, req messages.PresignRequest
 	}, nil
 }
 
-var keyPartRe = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+var keyPartRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`[^A-Za-z0-9._-]+`) })
 
 // newPayloadKey names a new blob after its kind and job when they are
 // given, so a directory listing is readable, and makes it unique.
@@ -353,7 +354,7 @@ func newPayloadKey(kind, job *string) string {
 		if p == nil {
 			continue
 		}
-		if v := strings.Trim(keyPartRe.ReplaceAllString(*p, "_"), "._-"); v != "" {
+		if v := strings.Trim(keyPartRe().ReplaceAllString(*p, "_"), "._-"); v != "" {
 			parts = append(parts, v[:min(len(v), 60)])
 		}
 	}

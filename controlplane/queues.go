@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"sync"
 	"unicode"
 
 	"nymph/operatorapi"
@@ -14,7 +15,7 @@ import (
 
 // queueNameRe is what an operator may create. Names daemons join (lanes,
 // poll queues) are taken as they come, including '*' patterns.
-var queueNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+var queueNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`) })
 
 // Limits of one membership edit.
 const (
@@ -46,7 +47,7 @@ func (s *Server) handleCreateQueue(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, badField(http.StatusBadRequest, "name", "missing or empty"))
 		return
 	}
-	if !queueNameRe.MatchString(req.Name) {
+	if !queueNameRe().MatchString(req.Name) {
 		writeOperatorError(w, badField(http.StatusBadRequest, "name",
 			"%q must start with a letter or digit and contain only letters, digits and . _ : - (at most 128)", req.Name))
 		return

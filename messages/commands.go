@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -129,10 +130,10 @@ type Unknown struct {
 	Reason string
 }
 
-var sha256Hex = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+var sha256Hex = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-fA-F]{64}$`) })
 
 // ValidSHA256 reports whether s is exactly 64 ASCII hex characters.
-func ValidSHA256(s string) bool { return sha256Hex.MatchString(s) }
+func ValidSHA256(s string) bool { return sha256Hex().MatchString(s) }
 
 // DecodeCommand decodes c.Body by c.Kind into one of *Hibernate, *Setup,
 // *Exec, *OtaUpdate, ResetBackoff, RotateKey, *Run, *Cancel; anything else,

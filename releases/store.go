@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -115,8 +116,8 @@ func (s *Store) removeAbandonedUploads() {
 func (s *Store) Dir() string { return s.dir }
 
 var (
-	versionRe = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z._+-]{0,127}$`)
-	tripleRe  = regexp.MustCompile(`^[a-z0-9_]+(-[a-z0-9_]+){1,4}$`)
+	versionRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z._+-]{0,127}$`) })
+	tripleRe  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9_]+(-[a-z0-9_]+){1,4}$`) })
 )
 
 // ValidateVersion accepts what a version stamp looks like (0.1.10,
@@ -126,7 +127,7 @@ func ValidateVersion(v string) error {
 	if v == "" {
 		return errors.New("releases: field version: missing or empty")
 	}
-	if !versionRe.MatchString(v) {
+	if !versionRe().MatchString(v) {
 		return fmt.Errorf("releases: field version: %q must start with a letter or digit and contain only letters, digits and . _ + - (at most 128)", v)
 	}
 	return nil
@@ -138,7 +139,7 @@ func ValidateTriple(t string) error {
 	if t == "" {
 		return errors.New("releases: field triple: missing or empty")
 	}
-	if !tripleRe.MatchString(t) {
+	if !tripleRe().MatchString(t) {
 		return fmt.Errorf("releases: field triple: %q is not a target triple like %s (lowercase, 2-5 dash-separated parts)", t, FallbackTriple)
 	}
 	return nil
