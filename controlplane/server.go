@@ -44,6 +44,9 @@ type Config struct {
 	Logger zerolog.Logger
 	// Store replaces the SQLite file in DataDir when set; Close closes it.
 	Store store.Store
+	// Notifier carries wake-ups to and from the other replicas sharing
+	// Store; nil keeps them in this process (one control plane).
+	Notifier Notifier
 	// Now is the clock; nil means time.Now. Stale derivation, deadlines and
 	// timestamps all read it.
 	Now func() time.Time
@@ -101,6 +104,8 @@ type Server struct {
 	inflight  gate
 	closeErr  error
 	storeOnce sync.Once
+	// stopNotifier ends the exchange of wake-ups with other replicas.
+	stopNotifier func()
 }
 
 // gate counts requests in flight and, once closed, admits no more, so Close
@@ -199,6 +204,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge)
 	s.payloads = newPayloadStore(cfg.DataDir, s.adminToken)
 	s.handler = s.middleware(s.routes())
+	// Before the sweeper, whose first broadcast may come at once.
+	if cfg.Notifier != nil {
+		s.stopNotifier = s.startNotifier(cfg.Notifier)
+	}
 	s.startSweeper()
 	return s, nil
 }
@@ -264,6 +273,9 @@ func (s *Server) Close() error {
 		case <-s.inflight.close():
 		case <-time.After(10 * time.Second):
 			s.log.Warn().Msg("closing the store with requests still in flight")
+		}
+		if s.stopNotifier != nil {
+			s.stopNotifier()
 		}
 		s.closeErr = s.st.Close()
 	})

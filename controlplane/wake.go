@@ -9,6 +9,9 @@ import "sync"
 type hub struct {
 	mu sync.Mutex
 	m  map[string]*waiters
+	// publish, when set (before serving), also carries each broadcast to
+	// the other replicas sharing the store.
+	publish func(key string)
 }
 
 type waiters struct {
@@ -42,10 +45,27 @@ func (h *hub) subscribe(key string) (<-chan struct{}, func()) {
 	}
 }
 
-// broadcast wakes everyone subscribed to key.
+// broadcast wakes everyone subscribed to key, here and on the other
+// replicas.
 func (h *hub) broadcast(key string) {
+	h.deliver(key)
+	if h.publish != nil {
+		h.publish(key)
+	}
+}
+
+// deliver wakes this process's subscribers of key, or of every key when key
+// is empty.
+func (h *hub) deliver(key string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if key == "" {
+		for k, w := range h.m {
+			close(w.ch)
+			delete(h.m, k)
+		}
+		return
+	}
 	if w := h.m[key]; w != nil {
 		close(w.ch)
 		delete(h.m, key)

@@ -1,0 +1,75 @@
+package controlplane
+
+import (
+	"context"
+	"time"
+)
+
+// Notifier carries wake-ups between control-plane replicas that share one
+// store. Without one (Config.Notifier nil) wake-ups stay in this process,
+// which is all a single control plane needs: a long-poll parked here is
+// only ever woken by a change made here.
+//
+// With several replicas, a daemon may long-poll on replica A while an
+// operator queues its command through replica B; B publishes the worker's
+// key and A, listening, wakes the poll. The same goes for exec output and
+// invocation results.
+type Notifier interface {
+	// Publish tells the other replicas that key changed. It is called after
+	// the change is committed to the store.
+	Publish(ctx context.Context, key string) error
+	// Listen calls deliver with each key another replica publishes, until
+	// ctx is done or the connection behind it fails. Once listening, it
+	// first calls deliver("") — "anything may have changed" — since keys
+	// published while nobody listened are lost.
+	Listen(ctx context.Context, deliver func(key string)) error
+}
+
+// How long one publish may take, and how often a failed listener retries.
+const (
+	publishTimeout = 5 * time.Second
+	listenRetryMin = 100 * time.Millisecond
+	listenRetryMax = 5 * time.Second
+)
+
+// startNotifier makes every broadcast reach the other replicas through n
+// and delivers theirs to this process's waiters, until the returned stop is
+// called.
+func (s *Server) startNotifier(n Notifier) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.wake.publish = func(key string) {
+		pctx, pcancel := context.WithTimeout(ctx, publishTimeout)
+		defer pcancel()
+		// A lost publish costs the other replicas' waiters at most their
+		// wait cap; the change itself is committed.
+		if err := n.Publish(pctx, key); err != nil && ctx.Err() == nil {
+			s.log.Warn().Err(err).Str("key", key).Msg("wake-up not published to the other replicas")
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		backoff := listenRetryMin
+		for {
+			began := time.Now()
+			err := n.Listen(ctx, s.wake.deliver)
+			if ctx.Err() != nil {
+				return
+			}
+			if time.Since(began) > listenRetryMax {
+				backoff = listenRetryMin
+			}
+			s.log.Warn().Err(err).Dur("retry_in", backoff).Msg("listening for the other replicas' wake-ups failed")
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, listenRetryMax)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
