@@ -425,6 +425,21 @@ func (c *Client) call(ctx context.Context, path string, in, out any) error {
 	return nil
 }
 
+// errorText makes an error body readable in a log line: the control plane
+// answers daemon routes with a msgpack {error, field}.
+func errorText(contentType string, b []byte) string {
+	if strings.HasPrefix(contentType, messages.ContentType) {
+		var v messages.ValidationError
+		if messages.Unmarshal(b, &v) == nil && v.Error != "" {
+			if v.Field != "" {
+				return v.Error + " (field " + v.Field + ")"
+			}
+			return v.Error
+		}
+	}
+	return strings.ToValidUTF8(strings.TrimSpace(string(b)), "?")
+}
+
 // do performs one request. limit > 0 reads the body up to limit bytes;
 // limit 0 drains and discards it (so the connection is reused).
 func (c *Client) do(ctx context.Context, method string, u *url.URL, contentType string, body []byte, limit int64) ([]byte, error) {
@@ -436,7 +451,7 @@ func (c *Client) do(ctx context.Context, method string, u *url.URL, contentType 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-		return nil, &StatusError{Method: method, URL: u.Redacted(), Status: resp.StatusCode, Body: strings.TrimSpace(string(b))}
+		return nil, &StatusError{Method: method, URL: u.Redacted(), Status: resp.StatusCode, Body: errorText(resp.Header.Get("Content-Type"), b)}
 	}
 	if limit <= 0 {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))

@@ -177,6 +177,21 @@ func TestStatusErrorsAndRetryable(t *testing.T) {
 	}
 }
 
+func TestMsgpackErrorBodyIsReadable(t *testing.T) {
+	srv, _ := server(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		b, _ := messages.Marshal(&messages.ValidationError{Error: "unknown token", Field: "authorization"})
+		w.Header().Set("Content-Type", messages.ContentType)
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write(b)
+	})
+	c, _ := uplink.New(srv.URL)
+	_, err := c.Hello(context.Background(), &messages.HelloRequest{MachineID: "m"})
+	var se *uplink.StatusError
+	if !errors.As(err, &se) || se.Body != "unknown token (field authorization)" {
+		t.Fatalf("err = %v", err)
+	}
+}
+
 func TestMalformedBodyIsDecodeError(t *testing.T) {
 	srv, _ := server(t, func(w http.ResponseWriter, r *http.Request, body []byte) { _, _ = w.Write([]byte{0xc1, 0xff}) })
 	c, _ := uplink.New(srv.URL)
