@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"nymph/controlplane"
+	"nymph/store/postgres"
 )
 
 // Defaults of `lakeshore serve`.
@@ -22,10 +24,12 @@ const (
 	EnvAddr      = "LAKESHORE_ADDR"
 	EnvPublicURL = "LAKESHORE_PUBLIC_URL"
 	EnvDataDir   = "LAKESHORE_DATA"
+	EnvStore     = "LAKESHORE_STORE"
 )
 
 type serveOpts struct {
 	addr, dataDir, publicURL, daemonToken string
+	store                                 string
 	logLevel, logFormat                   string
 	noCredentials                         bool
 	staleAfter                            time.Duration
@@ -39,6 +43,14 @@ func (a *app) serveCmd() *cobra.Command {
 		Short: "Run the control plane",
 		Long: `Run the control plane: the daemon routes nymph talks to and the operator API
 this CLI talks to, on an embedded SQLite store in --data.
+
+--store (or $LAKESHORE_STORE) postgres://USER@HOST/DB keeps the state in
+PostgreSQL instead, so that several control planes — replicas behind one
+address, or a standby — share it: each migrates the schema once, claims
+work safely against the others, and wakes the long-polls parked on the
+others through LISTEN/NOTIFY. Give every replica the same admin token
+($LAKESHORE_ADMIN_TOKEN) and daemon token. --data still holds each
+replica's releases and payloads.
 
 The admin token comes from --admin-token or $LAKESHORE_ADMIN_TOKEN; without
 one, the control plane generates one on first start, keeps it (mode 0600) in
@@ -59,7 +71,8 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 		Example: `  lakeshore serve
   lakeshore serve --addr 0.0.0.0:7700 --data /var/lib/lakeshore --public-url https://cp.example.internal:7700
   LAKESHORE_DAEMON_TOKEN=$(cat daemon-token) lakeshore serve --data ./cp
-  lakeshore serve --addr 0.0.0.0:7700 --tls-cert cp.pem --tls-key cp-key.pem --require-daemon-signatures`,
+  lakeshore serve --addr 0.0.0.0:7700 --tls-cert cp.pem --tls-key cp-key.pem --require-daemon-signatures
+  LAKESHORE_ADMIN_TOKEN=$(cat admin-token) lakeshore serve --store postgres://lakeshore@db.internal/lakeshore`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.serve(cmd.Context(), o)
@@ -68,6 +81,7 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 	fs := cmd.Flags()
 	fs.StringVar(&o.addr, "addr", envOr(a.env.Getenv, EnvAddr, DefaultAddr), "listen address (env "+EnvAddr+")")
 	fs.StringVar(&o.dataDir, "data", a.env.Getenv(EnvDataDir), "data directory (env "+EnvDataDir+"; default $XDG_DATA_HOME/lakeshore or ~/.local/share/lakeshore)")
+	fs.StringVar(&o.store, "store", a.env.Getenv(EnvStore), "where state lives: sqlite (the file in --data, the default) or a postgres:// URL shared by replicas (env "+EnvStore+")")
 	fs.StringVar(&o.publicURL, "public-url", a.env.Getenv(EnvPublicURL), "URL daemons use to reach this control plane (env "+EnvPublicURL+")")
 	fs.StringVar(&o.daemonToken, "daemon-token", "", "shared bootstrap token daemons may present (env "+EnvDaemonToken+")")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -112,8 +126,16 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		o.publicURL = strings.TrimRight(withScheme(o.publicURL), "/")
 	}
 
+	shared, err := openStore(ctx, o.store)
+	if err != nil {
+		return err
+	}
+
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
+		if shared != nil {
+			shared.Close()
+		}
 		return fmt.Errorf("listen on %s: %w", o.addr, err)
 	}
 	defer ln.Close()
@@ -132,9 +154,16 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		Logger:      logger,
 		StaleAfter:  o.staleAfter,
 	}
+	if shared != nil {
+		cfg.Store, cfg.Notifier = shared, shared.Notifier()
+		logger.Info().Str("store", "postgres").Msg("state in PostgreSQL, shared with any other replica")
+	}
 	o.identity.apply(&cfg)
 	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
+		if shared != nil {
+			shared.Close()
+		}
 		return fmt.Errorf("start the control plane: %w", err)
 	}
 	defer srv.Close()
@@ -168,6 +197,47 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	}
 	logger.Info().Msg("control plane stopped")
 	return nil
+}
+
+// openStore opens the PostgreSQL store --store names, or returns nil for the
+// embedded SQLite file the control plane opens itself.
+func openStore(ctx context.Context, spec string) (*postgres.DB, error) {
+	switch {
+	case spec == "" || spec == "sqlite":
+		return nil, nil
+	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
+		db, err := postgres.Open(ctx, spec)
+		if err != nil {
+			// The error may quote the URL, password and all; say where
+			// without it.
+			return nil, fmt.Errorf("--store: open PostgreSQL at %s: %w", redactURL(spec), redactErr(err, spec))
+		}
+		return db, nil
+	default:
+		return nil, usagef("--store %q: want sqlite or a postgres:// URL", redactURL(spec))
+	}
+}
+
+// redactURL drops the password from a URL for messages and logs.
+func redactURL(spec string) string {
+	u, err := url.Parse(spec)
+	if err != nil {
+		return "(an unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// redactErr replaces the password in err's text, if it appears there.
+func redactErr(err error, spec string) error {
+	u, perr := url.Parse(spec)
+	if perr != nil || u.User == nil {
+		return err
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
 }
 
 func defaultDataDir(getenv func(string) string) (string, error) {
