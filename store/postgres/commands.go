@@ -18,7 +18,7 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 	if c.Kind == store.KindHibernate && c.HibernateUntil != nil {
 		hib = msPtr(c.HibernateUntil)
 	}
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		// The increment takes the worker's row lock: concurrent enqueues on
 		// any replica get consecutive sequence numbers.
 		err := tx.QueryRow(ctx, `UPDATE workers SET last_seq = last_seq + 1,
@@ -52,7 +52,7 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 // Take implements store.Commands.
 func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int, ackNow bool, now time.Time) ([]store.Command, error) {
 	var out []store.Command
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		if err := lockWorker(ctx, tx, workerID); err != nil {
 			return err
 		}
@@ -119,7 +119,7 @@ func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int,
 
 // ListCommands implements store.Commands.
 func (db *DB) ListCommands(ctx context.Context, workerID string) ([]store.Command, error) {
-	rows, err := db.pool.Query(ctx, `SELECT id, worker_id, seq, kind, body, created_at, delivered_at, acked_at FROM commands
+	rows, err := db.q.Query(ctx, `SELECT id, worker_id, seq, kind, body, created_at, delivered_at, acked_at FROM commands
 		WHERE worker_id = $1 ORDER BY seq`, workerID)
 	if err != nil {
 		return nil, fmt.Errorf("list commands: %w", err)

@@ -18,7 +18,7 @@ func (db *DB) Exec(ctx context.Context, id string) (store.Exec, error) {
 		created           int64
 		started, finished *int64
 	)
-	err := db.pool.QueryRow(ctx, `SELECT id, namespace, worker_id, command_id, command, stream, state, created_at,
+	err := db.q.QueryRow(ctx, `SELECT id, namespace, worker_id, command_id, command, stream, state, created_at,
 		started_at, finished_at, result, output_len FROM execs WHERE id = $1`, id).Scan(
 		&e.ID, &e.Namespace, &e.WorkerID, &e.CommandID, &e.Command, &e.Stream, &e.State, &created,
 		&started, &finished, &e.Result, &e.OutputLen)
@@ -35,7 +35,7 @@ func (db *DB) Exec(ctx context.Context, id string) (store.Exec, error) {
 // AppendOutput implements store.Execs.
 func (db *DB) AppendOutput(ctx context.Context, id string, data []byte) (int64, error) {
 	var total int64
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		// The row lock orders appends from concurrent requests: each chunk
 		// starts where the previous one ended.
 		err := tx.QueryRow(ctx, `SELECT output_len FROM execs WHERE id = $1 FOR UPDATE`, id).Scan(&total)
@@ -67,7 +67,7 @@ func (db *DB) Output(ctx context.Context, id string, offset int64, max int) ([]b
 	if max <= 0 {
 		return []byte{}, nil
 	}
-	rows, err := db.pool.Query(ctx, `SELECT start, data FROM exec_output WHERE exec_id = $1 AND start + size > $2 ORDER BY start`, id, offset)
+	rows, err := db.q.Query(ctx, `SELECT start, data FROM exec_output WHERE exec_id = $1 AND start + size > $2 ORDER BY start`, id, offset)
 	if err != nil {
 		return nil, fmt.Errorf("read output of %s: %w", id, err)
 	}
@@ -99,7 +99,7 @@ func (db *DB) Output(ctx context.Context, id string, offset int64, max int) ([]b
 // FinishExec implements store.Execs.
 func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time.Time) (bool, error) {
 	var applied bool
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		applied = false
 		var state string
 		err := tx.QueryRow(ctx, `SELECT state FROM execs WHERE id = $1 FOR UPDATE`, id).Scan(&state)
@@ -125,7 +125,7 @@ func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time
 
 // OpenExecs implements store.Execs.
 func (db *DB) OpenExecs(ctx context.Context, namespace string) (map[string]int, error) {
-	rows, err := db.pool.Query(ctx, `SELECT worker_id, COUNT(*) FROM execs WHERE namespace = $1 AND state IN ($2, $3) GROUP BY worker_id`,
+	rows, err := db.q.Query(ctx, `SELECT worker_id, COUNT(*) FROM execs WHERE namespace = $1 AND state IN ($2, $3) GROUP BY worker_id`,
 		namespace, store.ExecQueued, store.ExecRunning)
 	if err != nil {
 		return nil, fmt.Errorf("count open execs: %w", err)

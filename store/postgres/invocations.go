@@ -72,7 +72,7 @@ func getInvocation(ctx context.Context, q querier, namespace, id string, lock bo
 
 // CreateInvocation implements store.Invocations.
 func (db *DB) CreateInvocation(ctx context.Context, n store.NewInvocation) (store.Invocation, error) {
-	inv, err := scanInvocation(db.pool.QueryRow(ctx, `INSERT INTO invocations (id, namespace, queue, module, qualname, runner, run_config,
+	inv, err := scanInvocation(db.q.QueryRow(ctx, `INSERT INTO invocations (id, namespace, queue, module, qualname, runner, run_config,
 		args, args_key, args_size, script, as_user, parent_id, root_id, run_body, state, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING `+invocationColumns,
 		n.ID, n.Namespace, n.Queue, n.Module, n.Qualname, n.Runner, string(n.RunConfig),
@@ -86,7 +86,7 @@ func (db *DB) CreateInvocation(ctx context.Context, n store.NewInvocation) (stor
 
 // Invocation implements store.Invocations.
 func (db *DB) Invocation(ctx context.Context, namespace, id string) (store.Invocation, error) {
-	return getInvocation(ctx, db.pool, namespace, id, false)
+	return getInvocation(ctx, db.q, namespace, id, false)
 }
 
 // params numbers query parameters as they are added.
@@ -112,7 +112,7 @@ func (db *DB) ListInvocations(ctx context.Context, f store.InvocationFilter) ([]
 		limit = 100
 	}
 	query += ` ORDER BY created_at DESC, id DESC LIMIT ` + args.add(limit)
-	rows, err := db.pool.Query(ctx, query, args...)
+	rows, err := db.q.Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list invocations: %w", err)
 	}
@@ -140,7 +140,7 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 	// Most polls find nothing queued; finding that out without a
 	// transaction keeps them cheap.
 	var queued bool
-	err := db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE state = $1 AND namespace =
+	err := db.q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE state = $1 AND namespace =
 		(SELECT namespace FROM workers WHERE id = $2))`, store.InvocationQueued, c.WorkerID).Scan(&queued)
 	if err != nil {
 		return nil, fmt.Errorf("claim invocations for %s: %w", c.WorkerID, err)
@@ -148,7 +148,7 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 	if !queued {
 		return out, nil
 	}
-	err = db.tx(ctx, func(tx pgx.Tx) error {
+	err = db.tx(ctx, func(tx querier) error {
 		out = []store.Invocation{}
 		// The worker's row lock orders this claim with everything else
 		// that numbers its commands, and with a second claim for it.
@@ -257,7 +257,7 @@ func (db *DB) FinishInvocation(ctx context.Context, f store.Finish) (store.Invoc
 		s := string(f.Error)
 		errText = &s
 	}
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		applied = false
 		cur, err := getInvocation(ctx, tx, "", f.ID, true)
 		if err != nil {
@@ -288,7 +288,7 @@ func (db *DB) FinishInvocation(ctx context.Context, f store.Finish) (store.Invoc
 // finished or cancelled invocation is never started after all. A take
 // delivering it at the same moment holds its row lock; the delete waits for
 // it and then finds the command delivered.
-func withdrawRun(ctx context.Context, tx pgx.Tx, commandID string) (bool, error) {
+func withdrawRun(ctx context.Context, tx querier, commandID string) (bool, error) {
 	if commandID == "" {
 		return false, nil
 	}
@@ -308,7 +308,7 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 	lost := []store.LostInvocation{}
 	if len(r.Statuses) == 0 {
 		var running bool
-		err := db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE worker_id = $1 AND state = $2)`,
+		err := db.q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE worker_id = $1 AND state = $2)`,
 			r.WorkerID, store.InvocationRunning).Scan(&running)
 		if err != nil {
 			return nil, fmt.Errorf("report running of %s: %w", r.WorkerID, err)
@@ -317,7 +317,7 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 			return lost, nil
 		}
 	}
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		lost = []store.LostInvocation{}
 		rows, err := tx.Query(ctx, `SELECT i.id, i.namespace, i.worker_label, i.missing_since,
 			(c.id IS NULL OR c.acked_at IS NOT NULL)
@@ -389,7 +389,7 @@ func clipTail(s string) string {
 
 // LostInvocations implements store.Invocations.
 func (db *DB) LostInvocations(ctx context.Context, staleBefore time.Time) ([]store.LostInvocation, error) {
-	rows, err := db.pool.Query(ctx, `SELECT i.id, i.namespace, i.worker_id, i.worker_label, w.id IS NULL, COALESCE(w.state, '')
+	rows, err := db.q.Query(ctx, `SELECT i.id, i.namespace, i.worker_id, i.worker_label, w.id IS NULL, COALESCE(w.state, '')
 		FROM invocations i LEFT JOIN workers w ON w.id = i.worker_id
 		WHERE i.state = $1 AND (w.id IS NULL OR w.state = $2 OR
 			(w.last_seen_at < $3 AND (w.hibernating_until IS NULL OR w.hibernating_until < $3)))
@@ -435,7 +435,7 @@ func (db *DB) CancelInvocation(ctx context.Context, namespace, id string, errJSO
 		s := string(errJSON)
 		errText = &s
 	}
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		cancelled = false
 		cur, err := getInvocation(ctx, tx, namespace, id, true)
 		if err != nil {

@@ -59,7 +59,7 @@ func listKeys(ctx context.Context, q querier, query string, args ...any) ([]stor
 // named workers. Keys outlive worker rows, so the lock is an advisory one on
 // the worker id rather than the row's; ids are locked in order so that two
 // callers naming the same pair never wait on each other in a cycle.
-func lockWorkerKeys(ctx context.Context, tx pgx.Tx, workerIDs ...string) error {
+func lockWorkerKeys(ctx context.Context, tx querier, workerIDs ...string) error {
 	if len(workerIDs) == 2 && workerIDs[1] < workerIDs[0] {
 		workerIDs[0], workerIDs[1] = workerIDs[1], workerIDs[0]
 	}
@@ -76,7 +76,7 @@ func lockWorkerKeys(ctx context.Context, tx pgx.Tx, workerIDs ...string) error {
 // to commit and then re-checks consumed_at, so of any number of replicas
 // racing with one token exactly one sees its row change.
 func (db *DB) ConsumeToken(ctx context.Context, id, by string, now time.Time) error {
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		tag, err := tx.Exec(ctx, `UPDATE tokens SET consumed_at = $1, consumed_by = $2
 			WHERE id = $3 AND kind = $4 AND consumed_at IS NULL AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1)`,
 			ms(now), by, id, store.TokenEnroll)
@@ -110,14 +110,14 @@ func (db *DB) ConsumeToken(ctx context.Context, id, by string, now time.Time) er
 
 // ReleaseToken implements store.Keys.
 func (db *DB) ReleaseToken(ctx context.Context, id, by string) error {
-	_, err := db.pool.Exec(ctx, `UPDATE tokens SET consumed_at = NULL, consumed_by = NULL WHERE id = $1 AND consumed_by = $2`, id, by)
+	_, err := db.q.Exec(ctx, `UPDATE tokens SET consumed_at = NULL, consumed_by = NULL WHERE id = $1 AND consumed_by = $2`, id, by)
 	if err != nil {
 		return fmt.Errorf("release token %s: %w", id, err)
 	}
 	return nil
 }
 
-func keyExists(ctx context.Context, tx pgx.Tx, id string) error {
+func keyExists(ctx context.Context, tx querier, id string) error {
 	var exists bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM daemon_keys WHERE key_id = $1)`, id).Scan(&exists); err != nil {
 		return err
@@ -130,7 +130,7 @@ func keyExists(ctx context.Context, tx pgx.Tx, id string) error {
 
 // insertKey stores k; an id stored meanwhile by another transaction (for
 // another worker, so not under our lock) is ErrKeyExists all the same.
-func insertKey(ctx context.Context, tx pgx.Tx, k store.Key) error {
+func insertKey(ctx context.Context, tx querier, k store.Key) error {
 	_, err := tx.Exec(ctx, `INSERT INTO daemon_keys (key_id, worker_id, namespace, public_key, created_at)
 		VALUES ($1, $2, $3, $4, $5)`, k.ID, k.WorkerID, k.Namespace, k.PublicKey, ms(k.CreatedAt))
 	if uniqueViolation(err, "daemon_keys_pkey") {
@@ -141,7 +141,7 @@ func insertKey(ctx context.Context, tx pgx.Tx, k store.Key) error {
 
 // AddKey implements store.Keys.
 func (db *DB) AddKey(ctx context.Context, k store.Key) error {
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		if err := lockWorkerKeys(ctx, tx, k.WorkerID); err != nil {
 			return err
 		}
@@ -162,7 +162,7 @@ func (db *DB) AddKey(ctx context.Context, k store.Key) error {
 
 // RotateKey implements store.Keys.
 func (db *DB) RotateKey(ctx context.Context, oldID string, k store.Key) error {
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		if err := lockWorkerKeys(ctx, tx, k.WorkerID); err != nil {
 			return err
 		}
@@ -188,7 +188,7 @@ func (db *DB) RotateKey(ctx context.Context, oldID string, k store.Key) error {
 // RevokeKey implements store.Keys.
 func (db *DB) RevokeKey(ctx context.Context, workerID, keyID string, now time.Time) (store.Key, error) {
 	var out store.Key
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		if err := lockWorkerKeys(ctx, tx, workerID); err != nil {
 			return err
 		}
@@ -216,7 +216,7 @@ func (db *DB) RevokeKey(ctx context.Context, workerID, keyID string, now time.Ti
 
 // RebindKey implements store.Keys.
 func (db *DB) RebindKey(ctx context.Context, keyID, from, to string) error {
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		if err := lockWorkerKeys(ctx, tx, from, to); err != nil {
 			return err
 		}
@@ -244,7 +244,7 @@ func (db *DB) RebindKey(ctx context.Context, keyID, from, to string) error {
 
 // Key implements store.Keys.
 func (db *DB) Key(ctx context.Context, id string) (store.Key, error) {
-	k, err := getKey(ctx, db.pool, `WHERE k.key_id = $1`, id)
+	k, err := getKey(ctx, db.q, `WHERE k.key_id = $1`, id)
 	if err != nil {
 		return store.Key{}, fmt.Errorf("key %q: %w", id, err)
 	}
@@ -253,7 +253,7 @@ func (db *DB) Key(ctx context.Context, id string) (store.Key, error) {
 
 // CurrentKey implements store.Keys.
 func (db *DB) CurrentKey(ctx context.Context, workerID string) (store.Key, error) {
-	k, err := getKey(ctx, db.pool, `WHERE k.worker_id = $1 AND k.revoked_at IS NULL`, workerID)
+	k, err := getKey(ctx, db.q, `WHERE k.worker_id = $1 AND k.revoked_at IS NULL`, workerID)
 	if err != nil {
 		return store.Key{}, fmt.Errorf("current key of worker %s: %w", workerID, err)
 	}
@@ -262,7 +262,7 @@ func (db *DB) CurrentKey(ctx context.Context, workerID string) (store.Key, error
 
 // CurrentKeyOf implements store.Keys.
 func (db *DB) CurrentKeyOf(ctx context.Context, namespace, machineID, helloLabel string) (store.Key, error) {
-	k, err := getKey(ctx, db.pool, `JOIN workers w ON w.id = k.worker_id
+	k, err := getKey(ctx, db.q, `JOIN workers w ON w.id = k.worker_id
 		WHERE w.namespace = $1 AND w.machine_id = $2 AND w.hello_label = $3 AND k.revoked_at IS NULL`, namespace, machineID, helloLabel)
 	if err != nil {
 		return store.Key{}, fmt.Errorf("current key of %s/%s: %w", machineID, helloLabel, err)
@@ -272,7 +272,7 @@ func (db *DB) CurrentKeyOf(ctx context.Context, namespace, machineID, helloLabel
 
 // WorkerKeys implements store.Keys.
 func (db *DB) WorkerKeys(ctx context.Context, workerID string) ([]store.Key, error) {
-	ks, err := listKeys(ctx, db.pool, `WHERE k.worker_id = $1 ORDER BY k.created_at, k.key_id`, workerID)
+	ks, err := listKeys(ctx, db.q, `WHERE k.worker_id = $1 ORDER BY k.created_at, k.key_id`, workerID)
 	if err != nil {
 		return nil, fmt.Errorf("keys of worker %s: %w", workerID, err)
 	}
@@ -281,7 +281,7 @@ func (db *DB) WorkerKeys(ctx context.Context, workerID string) ([]store.Key, err
 
 // NamespaceKeys implements store.Keys.
 func (db *DB) NamespaceKeys(ctx context.Context, namespace string) ([]store.Key, error) {
-	ks, err := listKeys(ctx, db.pool, `WHERE k.namespace = $1 ORDER BY k.created_at, k.key_id`, namespace)
+	ks, err := listKeys(ctx, db.q, `WHERE k.namespace = $1 ORDER BY k.created_at, k.key_id`, namespace)
 	if err != nil {
 		return nil, fmt.Errorf("keys of namespace %s: %w", namespace, err)
 	}

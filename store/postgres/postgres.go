@@ -43,6 +43,7 @@ const migrationLock int64 = 0x6c616b6573686f72
 // DB is a store.Store on one PostgreSQL database.
 type DB struct {
 	pool *pgxpool.Pool
+	q    querier // the pool, detached
 }
 
 var _ store.Store = (*DB)(nil)
@@ -62,7 +63,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		pool.Close()
 		return nil, fmt.Errorf("postgres: migrate: %w", err)
 	}
-	return &DB{pool: pool}, nil
+	return &DB{pool: pool, q: detached{pool}}, nil
 }
 
 // Close closes the pool.
@@ -152,6 +153,41 @@ type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
+// detached runs each statement only if the caller's context is still live,
+// but on a context its cancellation does not reach. pgx cannot abandon a
+// statement halfway without dropping the connection, prepared statements
+// and all, and a control plane sees a request cancelled mid-statement on
+// every exec (the daemon drops its poll in flight when the exec ends):
+// detached, a cancellation costs at most the one short statement in flight
+// instead of a reconnect. Everything in this package goes through it.
+type detached struct{ q querier }
+
+func (d detached) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return d.q.Query(context.WithoutCancel(ctx), sql, args...)
+}
+
+func (d detached) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := ctx.Err(); err != nil {
+		return errRow{err}
+	}
+	return d.q.QueryRow(context.WithoutCancel(ctx), sql, args...)
+}
+
+func (d detached) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := ctx.Err(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return d.q.Exec(context.WithoutCancel(ctx), sql, args...)
+}
+
+// errRow is a row that was never queried.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
 // txAttempts bounds the retries of a transaction that lost to a deadlock or
 // a serialisation failure; each retry starts from scratch.
 const txAttempts = 5
@@ -159,10 +195,10 @@ const txAttempts = 5
 // tx runs fn in a READ COMMITTED transaction, again when PostgreSQL chose it
 // as a deadlock victim. fn must be safe to run more than once: it only
 // writes the variables it returns through.
-func (db *DB) tx(ctx context.Context, fn func(pgx.Tx) error) error {
+func (db *DB) tx(ctx context.Context, fn func(querier) error) error {
 	var err error
 	for attempt := 0; attempt < txAttempts; attempt++ {
-		err = db.tryTx(ctx, fn)
+		err = db.tryTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
 		if !retryable(err) {
 			return err
 		}
@@ -170,16 +206,27 @@ func (db *DB) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 	return err
 }
 
-func (db *DB) tryTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+// tryTx runs fn in one transaction, statements detached from ctx's
+// cancellation; a ctx cancelled meanwhile rolls it back at the next
+// statement or at the latest before the commit, as database/sql does.
+func (db *DB) tryTx(ctx context.Context, opts pgx.TxOptions, fn func(querier) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	dctx := context.WithoutCancel(ctx)
+	tx, err := db.pool.BeginTx(dctx, opts)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback(ctx)
+	err = fn(detached{tx})
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		_ = tx.Rollback(dctx)
 		return err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.Commit(dctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil

@@ -2,8 +2,10 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -125,6 +127,52 @@ func TestPostgres(t *testing.T) {
 		u.Path = "/no_such_database"
 		if _, err := postgres.Open(ctx, u.String()); err == nil {
 			t.Fatal("a missing database opened")
+		}
+	})
+
+	t.Run("CancelledContextChangesNothing", func(t *testing.T) {
+		db := open(t, srv.newDatabase(t))
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, _, err := db.Hello(ctx, store.Hello{NewID: "w", Namespace: "default", MachineID: "m", Now: time.Now()})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("hello with a cancelled context: %v", err)
+		}
+		if _, err := db.Worker(ctx, "", "w"); !errors.Is(err, context.Canceled) {
+			t.Fatalf("read with a cancelled context: %v", err)
+		}
+		if ws, err := db.ListWorkers(context.Background(), "default"); err != nil || len(ws) != 0 {
+			t.Fatalf("after a cancelled hello: %+v %v", ws, err)
+		}
+	})
+
+	// A poll cancelled mid-statement (its daemon moved on) must not cost a
+	// connection: reconnecting, with TLS to a remote database, is what a
+	// busy control plane would otherwise do on every exec.
+	t.Run("CancellationsKeepConnections", func(t *testing.T) {
+		db := open(t, srv.newDatabase(t))
+		w, _, err := db.Hello(context.Background(), store.Hello{NewID: "w", Namespace: "default", MachineID: "m", Now: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := db.Pool().Stat().NewConnsCount()
+		for i := range 200 {
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				// Land the cancellation anywhere in the poll's statements.
+				for range i % 50 {
+					runtime.Gosched()
+				}
+				cancel()
+			}()
+			_, err := db.RecordPoll(ctx, store.Poll{WorkerID: w.ID, Now: time.Now()})
+			if err != nil && !errors.Is(err, context.Canceled) {
+				t.Fatalf("poll %d: %v", i, err)
+			}
+			cancel()
+		}
+		if n := db.Pool().Stat().NewConnsCount() - before; n > 0 {
+			t.Fatalf("200 cancelled polls opened %d new connections", n)
 		}
 	})
 

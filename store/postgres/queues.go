@@ -15,7 +15,7 @@ import (
 
 // CreateQueue implements store.Queues.
 func (db *DB) CreateQueue(ctx context.Context, namespace, name string, now time.Time) (bool, error) {
-	tag, err := db.pool.Exec(ctx, `INSERT INTO queues (namespace, name, created_at) VALUES ($1, $2, $3)
+	tag, err := db.q.Exec(ctx, `INSERT INTO queues (namespace, name, created_at) VALUES ($1, $2, $3)
 		ON CONFLICT (namespace, name) DO NOTHING`, namespace, name, ms(now))
 	if err != nil {
 		return false, fmt.Errorf("create queue %q: %w", name, err)
@@ -36,7 +36,7 @@ func (db *DB) ListQueues(ctx context.Context, namespace string) ([]store.Queue, 
 	}
 	// One snapshot for both reads, so a queue and its members agree.
 	var workers []store.Worker
-	err := db.readTx(ctx, func(tx pgx.Tx) error {
+	err := db.readTx(ctx, func(tx querier) error {
 		clear(byName)
 		rows, err := tx.Query(ctx, `SELECT name, created_at FROM queues WHERE namespace = $1`, namespace)
 		if err != nil {
@@ -85,16 +85,8 @@ func (db *DB) ListQueues(ctx context.Context, namespace string) ([]store.Queue, 
 }
 
 // readTx runs fn in a read-only REPEATABLE READ transaction: one snapshot.
-func (db *DB) readTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback(ctx)
-	if err := fn(tx); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+func (db *DB) readTx(ctx context.Context, fn func(querier) error) error {
+	return db.tryTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
 }
 
 // joinedQueues are the queues a worker's daemon brought into existence: its
@@ -110,7 +102,7 @@ func joinedQueues(w store.Worker) []string {
 // EditWorkerQueues implements store.Queues.
 func (db *DB) EditWorkerQueues(ctx context.Context, e store.QueueEdit) (store.Worker, error) {
 	var out store.Worker
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		var added, removed string
 		err := tx.QueryRow(ctx, `SELECT queues_added, queues_removed FROM workers WHERE id = $1 AND namespace = $2 FOR UPDATE`,
 			e.WorkerID, e.Namespace).Scan(&added, &removed)
@@ -154,7 +146,7 @@ func (db *DB) EditWorkerQueues(ctx context.Context, e store.QueueEdit) (store.Wo
 }
 
 // knownQueues is every queue name that exists in the namespace.
-func knownQueues(ctx context.Context, tx pgx.Tx, namespace string) (map[string]struct{}, error) {
+func knownQueues(ctx context.Context, tx querier, namespace string) (map[string]struct{}, error) {
 	known := map[string]struct{}{}
 	rows, err := tx.Query(ctx, `SELECT name FROM queues WHERE namespace = $1`, namespace)
 	if err != nil {

@@ -14,7 +14,7 @@ func (db *DB) SaveAck(ctx context.Context, a store.Ack) (bool, error) {
 		s := string(a.Error)
 		errJSON = &s
 	}
-	tag, err := db.pool.Exec(ctx, `INSERT INTO invocation_acks (invocation_id, worker_id, state, result_blob, error, received_at)
+	tag, err := db.q.Exec(ctx, `INSERT INTO invocation_acks (invocation_id, worker_id, state, result_blob, error, received_at)
 		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (invocation_id) DO NOTHING`,
 		a.InvocationID, a.WorkerID, a.State, nonNilBytes(a.ResultBlob), errJSON, ms(a.ReceivedAt))
 	if err != nil {
@@ -25,7 +25,7 @@ func (db *DB) SaveAck(ctx context.Context, a store.Ack) (bool, error) {
 
 // SaveEvent implements store.Reports.
 func (db *DB) SaveEvent(ctx context.Context, e store.Event) error {
-	_, err := db.pool.Exec(ctx, `INSERT INTO invocation_events (id, invocation_id, worker_id, kind, data, ts, received_at)
+	_, err := db.q.Exec(ctx, `INSERT INTO invocation_events (id, invocation_id, worker_id, kind, data, ts, received_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7)`, e.ID, e.InvocationID, e.WorkerID, e.Kind, nonNilBytes(e.Data), ms(e.TS), ms(e.ReceivedAt))
 	if err != nil {
 		return fmt.Errorf("save event of %s: %w", e.InvocationID, err)
@@ -35,7 +35,7 @@ func (db *DB) SaveEvent(ctx context.Context, e store.Event) error {
 
 // SaveResultChunk implements store.Reports.
 func (db *DB) SaveResultChunk(ctx context.Context, c store.ResultChunk) (bool, error) {
-	tag, err := db.pool.Exec(ctx, `INSERT INTO result_chunks (invocation_id, seq, data, last, received_at)
+	tag, err := db.q.Exec(ctx, `INSERT INTO result_chunks (invocation_id, seq, data, last, received_at)
 		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (invocation_id, seq) DO NOTHING`,
 		c.InvocationID, int64(c.Seq), nonNilBytes(c.Data), c.Last, ms(c.ReceivedAt))
 	if err != nil {

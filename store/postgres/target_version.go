@@ -12,7 +12,7 @@ import (
 // TargetVersion implements store.TargetVersions.
 func (db *DB) TargetVersion(ctx context.Context, namespace string) (*string, error) {
 	var v *string
-	err := db.pool.QueryRow(ctx, `SELECT target_nymph_version FROM namespace_settings WHERE namespace = $1`, namespace).Scan(&v)
+	err := db.q.QueryRow(ctx, `SELECT target_nymph_version FROM namespace_settings WHERE namespace = $1`, namespace).Scan(&v)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -24,7 +24,7 @@ func (db *DB) TargetVersion(ctx context.Context, namespace string) (*string, err
 
 // SetTargetVersion implements store.TargetVersions.
 func (db *DB) SetTargetVersion(ctx context.Context, namespace string, version *string, now time.Time) error {
-	_, err := db.pool.Exec(ctx, `INSERT INTO namespace_settings (namespace, target_nymph_version, updated_at) VALUES ($1, $2, $3)
+	_, err := db.q.Exec(ctx, `INSERT INTO namespace_settings (namespace, target_nymph_version, updated_at) VALUES ($1, $2, $3)
 		ON CONFLICT (namespace) DO UPDATE SET target_nymph_version = excluded.target_nymph_version, updated_at = excluded.updated_at`,
 		namespace, version, ms(now))
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 
 // CreateToken implements store.Tokens.
 func (db *DB) CreateToken(ctx context.Context, t store.Token) error {
-	_, err := db.pool.Exec(ctx, `INSERT INTO tokens (id, kind, namespace, label, hash, created_at, expires_at, consumed_at, revoked_at)
+	_, err := db.q.Exec(ctx, `INSERT INTO tokens (id, kind, namespace, label, hash, created_at, expires_at, consumed_at, revoked_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`, t.ID, t.Kind, t.Namespace, t.Label, t.Hash, ms(t.CreatedAt),
 		msPtr(t.ExpiresAt), msPtr(t.ConsumedAt), msPtr(t.RevokedAt))
 	if err != nil {
@@ -28,7 +28,7 @@ func (db *DB) TokenByHash(ctx context.Context, hash string) (store.Token, error)
 		created                    int64
 		expires, consumed, revoked *int64
 	)
-	err := db.pool.QueryRow(ctx, `SELECT id, kind, namespace, label, hash, created_at, expires_at, consumed_at, revoked_at
+	err := db.q.QueryRow(ctx, `SELECT id, kind, namespace, label, hash, created_at, expires_at, consumed_at, revoked_at
 		FROM tokens WHERE hash = $1`, hash).Scan(&t.ID, &t.Kind, &t.Namespace, &t.Label, &t.Hash, &created, &expires, &consumed, &revoked)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Token{}, fmt.Errorf("token: %w", store.ErrNotFound)

@@ -103,7 +103,7 @@ func getWorker(ctx context.Context, q querier, namespace, id string) (store.Work
 
 // lockWorker takes the worker's row lock, which every change to its command
 // sequence holds until commit.
-func lockWorker(ctx context.Context, tx pgx.Tx, id string) error {
+func lockWorker(ctx context.Context, tx querier, id string) error {
 	var one int
 	err := tx.QueryRow(ctx, `SELECT 1 FROM workers WHERE id = $1 FOR UPDATE`, id).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -117,12 +117,12 @@ func lockWorker(ctx context.Context, tx pgx.Tx, id string) error {
 
 // Worker implements store.Workers.
 func (db *DB) Worker(ctx context.Context, namespace, id string) (store.Worker, error) {
-	return getWorker(ctx, db.pool, namespace, id)
+	return getWorker(ctx, db.q, namespace, id)
 }
 
 // ListWorkers implements store.Workers.
 func (db *DB) ListWorkers(ctx context.Context, namespace string) ([]store.Worker, error) {
-	return listWorkers(ctx, db.pool, namespace)
+	return listWorkers(ctx, db.q, namespace)
 }
 
 func listWorkers(ctx context.Context, q querier, namespace string) ([]store.Worker, error) {
@@ -167,7 +167,7 @@ func (db *DB) Hello(ctx context.Context, h store.Hello) (store.Worker, bool, err
 	if label == "" {
 		label = h.NewID
 	}
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		// Two replicas may see the same daemon's hello at once: the insert
 		// that loses the unique race finds the winner's row and refreshes it.
 		tag, err := tx.Exec(ctx, `INSERT INTO workers (id, namespace, machine_id, hello_label, label, state, tags, queues,
@@ -216,7 +216,7 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 		caps = &s
 	}
 	var out store.Worker
-	err = db.tx(ctx, func(tx pgx.Tx) error {
+	err = db.tx(ctx, func(tx querier) error {
 		var delivered int64
 		err := tx.QueryRow(ctx, `UPDATE workers SET last_seen_at = $1, poll_queue = $2, running = $3,
 			capabilities = COALESCE($4::text, capabilities),
@@ -250,7 +250,7 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 // ackThrough acknowledges every command up to c, which the caller clamped to
 // the highest sequence ever delivered (read under the worker's row lock), so
 // a bogus or stale cursor never acknowledges a command not yet sent.
-func ackThrough(ctx context.Context, tx pgx.Tx, workerID string, c int64, now time.Time) error {
+func ackThrough(ctx context.Context, tx querier, workerID string, c int64, now time.Time) error {
 	if c <= 0 {
 		return nil
 	}
@@ -266,7 +266,7 @@ func ackThrough(ctx context.Context, tx pgx.Tx, workerID string, c int64, now ti
 
 // DeleteWorker implements store.Workers.
 func (db *DB) DeleteWorker(ctx context.Context, namespace, id string) error {
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		tag, err := tx.Exec(ctx, `DELETE FROM workers WHERE id = $1 AND namespace = $2`, id, namespace)
 		if err != nil {
 			return err
@@ -286,7 +286,7 @@ func (db *DB) DeleteWorker(ctx context.Context, namespace, id string) error {
 // DeleteWorkersSeenBefore implements store.Workers.
 func (db *DB) DeleteWorkersSeenBefore(ctx context.Context, namespace string, t time.Time) ([]string, error) {
 	var ids []string
-	err := db.tx(ctx, func(tx pgx.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
 		rows, err := tx.Query(ctx, `DELETE FROM workers WHERE namespace = $1 AND last_seen_at < $2 RETURNING id`, namespace, ms(t))
 		if err != nil {
 			return err
