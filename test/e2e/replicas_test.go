@@ -24,7 +24,7 @@ import (
 // ControlPlane whose CLI and HTTP helpers talk to it. The harness gives
 // every control plane it starts fresh tokens, so the replica is started
 // here, with the primary's environment.
-func startReplica(t *testing.T, primary *harness.ControlPlane, dsn string) (*harness.ControlPlane, func()) {
+func startReplica(t testing.TB, primary *harness.ControlPlane, dsn string) (*harness.ControlPlane, func()) {
 	t.Helper()
 	addr := harness.FreeAddr(t)
 	rep := &harness.ControlPlane{
@@ -214,4 +214,41 @@ func TestReplicaStoreFlagRefusesUnknownStores(t *testing.T) {
 			t.Fatalf("--store %s: exit %d, want %d with %q:\n%s", tc.store, code, tc.code, tc.want, out)
 		}
 	}
+}
+
+// BenchmarkReplicaExecRoundTrip is one exec's round trip through the
+// operator API — queue, the parked poll woken, `true` run, the result
+// posted, the waiting GET woken — on the embedded SQLite store, on
+// PostgreSQL through the replica the daemon polls, and on PostgreSQL
+// through the other replica (both wake-ups cross over LISTEN/NOTIFY).
+func BenchmarkReplicaExecRoundTrip(b *testing.B) {
+	run := func(b *testing.B, via *harness.ControlPlane, workerID string) {
+		for b.Loop() {
+			var acc operatorapi.ExecAccepted
+			if err := via.PostJSON("/v1/namespaces/default/workers/"+workerID+"/exec", operatorapi.ExecRequest{Command: "true"}, &acc); err != nil {
+				b.Fatal(err)
+			}
+			for {
+				var ex operatorapi.Exec
+				if err := via.GetJSON("/v1/namespaces/default/execs/"+acc.ExecID+"?wait=20", &ex); err != nil {
+					b.Fatal(err)
+				}
+				if ex.State == operatorapi.ExecFinished {
+					break
+				}
+			}
+		}
+	}
+	b.Run("sqlite", func(b *testing.B) {
+		cp := harness.StartControlPlane(b, harness.CPOptions{})
+		cp.StartDaemon(b, harness.DaemonOptions{Label: "bench"})
+		run(b, cp, cp.WaitForWorker(b, "bench").ID)
+	})
+	pg := realparts.StartPostgres(b)
+	a := harness.StartControlPlane(b, harness.CPOptions{Args: []string{"--store", pg.DSN}})
+	a.StartDaemon(b, harness.DaemonOptions{Label: "bench"})
+	id := a.WaitForWorker(b, "bench").ID
+	b.Run("postgres-same-replica", func(b *testing.B) { run(b, a, id) })
+	other, _ := startReplica(b, a, pg.DSN)
+	b.Run("postgres-other-replica", func(b *testing.B) { run(b, other, id) })
 }
