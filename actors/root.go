@@ -9,7 +9,6 @@ import (
 
 	"nymph/actors/execs"
 	"nymph/actors/invocations"
-	"nymph/actors/ledger"
 	"nymph/actors/poller"
 	"nymph/actors/setupqueue"
 	"nymph/messages"
@@ -145,18 +144,12 @@ func (r *root) childGone(ctx actor.Context, who *actor.PID) {
 func (r *root) route(ctx actor.Context, m *messages.Dispatch) {
 	log := r.d.log.With().Str("command_id", m.CommandID).Str("kind", m.Kind).Logger()
 	switch b := m.Body.(type) {
+	// The poller has already entered execs and runs in the ledger (it holds
+	// their permits from the moment they are dispatched).
 	case *messages.Exec:
-		if !r.d.ledger.Accept(ledger.Exec, b.ExecID, b) {
-			log.Warn().Str("exec_id", b.ExecID).Msg("exec already known; not run again")
-			return
-		}
 		log.Info().Str("exec_id", b.ExecID).Msg("exec accepted")
 		r.send(ctx, ExecsName, &messages.Queued{})
 	case *messages.Run:
-		if !r.d.ledger.Accept(ledger.Run, b.InvocationID, b) {
-			log.Warn().Str("invocation_id", b.InvocationID).Msg("invocation already known; not run again")
-			return
-		}
 		log.Info().Str("invocation_id", b.InvocationID).Msg("invocation accepted")
 		r.send(ctx, InvocationsName, &messages.Queued{})
 	case *messages.Setup:

@@ -324,6 +324,22 @@ func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
 			p.d.State.setCursor(cursorOr(m.resp.Cursor, p.d.State.Cursor()))
 			p.hibernate(ctx, b)
 			return
+		case *messages.Exec:
+			// The job enters the ledger here, not when the parent gets the
+			// message, so the permit count the next maybePoll reads already
+			// holds it: max_invocations is never exceeded by a poll racing
+			// its own dispatch.
+			if !p.d.Ledger.Accept(ledger.Exec, b.ExecID, b) {
+				p.d.Log.Warn().Str("command_id", c.ID).Str("exec_id", b.ExecID).Msg("exec already known; not run again")
+				continue
+			}
+			ctx.Send(ctx.Parent(), &messages.Dispatch{CommandID: c.ID, Kind: c.Kind, Body: b})
+		case *messages.Run:
+			if !p.d.Ledger.Accept(ledger.Run, b.InvocationID, b) {
+				p.d.Log.Warn().Str("command_id", c.ID).Str("invocation_id", b.InvocationID).Msg("invocation already known; not run again")
+				continue
+			}
+			ctx.Send(ctx.Parent(), &messages.Dispatch{CommandID: c.ID, Kind: c.Kind, Body: b})
 		default:
 			ctx.Send(ctx.Parent(), &messages.Dispatch{CommandID: c.ID, Kind: c.Kind, Body: b})
 		}

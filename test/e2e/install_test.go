@@ -69,10 +69,19 @@ func startSSHHost(t *testing.T) *sshHost {
 	}
 	run(tools[0], "-m", "-d", h.Home, "-s", "/bin/sh", h.User)
 	t.Cleanup(func() {
-		out, err := exec.Command(tools[2], h.User).CombinedOutput()
-		if err != nil {
-			t.Errorf("userdel %s: %v: %s", h.User, err, out)
+		// The daemon is stopped by then, but its exit may leave a zombie
+		// (or an sshd session) under the user until PID 1 reaps it, which
+		// makes a plain userdel refuse; -f removes the account regardless,
+		// and a short retry covers the passwd lock held by another test.
+		var out []byte
+		var err error
+		for attempt := 0; attempt < 20; attempt++ {
+			if out, err = exec.Command(tools[2], "-f", h.User).CombinedOutput(); err == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
+		t.Errorf("userdel %s: %v: %s", h.User, err, out)
 	})
 	// Without PAM, sshd refuses a user whose password is locked ("!").
 	run(tools[1], "-p", "*", h.User)

@@ -1,6 +1,8 @@
 package harness
 
 import (
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -37,6 +39,8 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	}
 	p := &Proxy{}
 	rp := httputil.NewSingleHostReverseProxy(u)
+	// A long-poll cut short by the daemon is routine, not worth a line.
+	rp.ErrorLog = log.New(io.Discard, "", 0)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
 		p.seen = append(p.seen, ProxyRequest{Method: r.Method, Path: r.URL.Path, At: time.Now()})
