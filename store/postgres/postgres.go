@@ -9,7 +9,8 @@
 // serialises its state changes, and queued invocations are claimed with
 // FOR UPDATE SKIP LOCKED so that two replicas claiming at once neither wait
 // on each other nor take the same one. A transaction that still loses to a
-// deadlock or a serialisation failure is retried.
+// deadlock or a serialisation failure is retried. A cancelled caller stops
+// at the next statement boundary, never inside a statement (see detached).
 //
 // The schema comes from embedded migrations, applied under an advisory lock
 // so that replicas starting together migrate once.
@@ -162,25 +163,70 @@ type querier interface {
 // instead of a reconnect. Everything in this package goes through it.
 type detached struct{ q querier }
 
+// statementTimeout bounds a detached statement (or transaction) that the
+// caller's deadline does not bound sooner: a hung database still fails the
+// request, at the price of that connection.
+const statementTimeout = 30 * time.Second
+
+// detach is ctx without its cancellation, keeping a deadline.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := time.Now().Add(statementTimeout)
+	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+		d = cd
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), d)
+}
+
 func (d detached) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return d.q.Query(context.WithoutCancel(ctx), sql, args...)
+	dctx, cancel := detach(ctx)
+	rows, err := d.q.Query(dctx, sql, args...)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return cancelRows{rows, cancel}, nil
 }
 
 func (d detached) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if err := ctx.Err(); err != nil {
 		return errRow{err}
 	}
-	return d.q.QueryRow(context.WithoutCancel(ctx), sql, args...)
+	dctx, cancel := detach(ctx)
+	return cancelRow{d.q.QueryRow(dctx, sql, args...), cancel}
 }
 
 func (d detached) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if err := ctx.Err(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return d.q.Exec(context.WithoutCancel(ctx), sql, args...)
+	dctx, cancel := detach(ctx)
+	defer cancel()
+	return d.q.Exec(dctx, sql, args...)
+}
+
+// cancelRows releases the statement's context when the rows are closed.
+type cancelRows struct {
+	pgx.Rows
+	cancel context.CancelFunc
+}
+
+func (r cancelRows) Close() {
+	r.Rows.Close()
+	r.cancel()
+}
+
+// cancelRow releases the statement's context once scanned.
+type cancelRow struct {
+	row    pgx.Row
+	cancel context.CancelFunc
+}
+
+func (r cancelRow) Scan(dest ...any) error {
+	defer r.cancel()
+	return r.row.Scan(dest...)
 }
 
 // errRow is a row that was never queried.
@@ -213,7 +259,8 @@ func (db *DB) tryTx(ctx context.Context, opts pgx.TxOptions, fn func(querier) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	dctx := context.WithoutCancel(ctx)
+	dctx, cancel := detach(ctx)
+	defer cancel()
 	tx, err := db.pool.BeginTx(dctx, opts)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
