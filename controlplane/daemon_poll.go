@@ -55,6 +55,10 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 		writeDaemonError(w, errUnknownWorker)
 		return
 	}
+	if err != nil && r.Context().Err() != nil {
+		log.Debug().Err(err).Msg("poll abandoned by the daemon")
+		return
+	}
 	if err != nil {
 		log.Error().Err(err).Msg("poll: store")
 		writeDaemonError(w, err)
@@ -104,6 +108,11 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 	if err != nil {
 		if isNotFound(err) {
 			writeDaemonError(w, errUnknownWorker)
+			return
+		}
+		if r.Context().Err() != nil {
+			// The daemon abandoned this poll (a wake signal): routine.
+			log.Debug().Err(err).Msg("poll abandoned by the daemon")
 			return
 		}
 		log.Error().Err(err).Msg("poll: take commands")
