@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"nymph/opclient"
 	"os"
 	"time"
 
@@ -130,14 +132,34 @@ plane refuses a deadline in the past. --json prints {commandId, workerId, kind}.
 }
 
 func (a *app) daemonResetCmd() *cobra.Command {
-	var jsonOut, byID bool
-	cmd := &cobra.Command{
-		Use:   "reset <daemon>",
-		Short: "Collapse a daemon's poll backoff",
-		Long: `Queue a reset_backoff command: a daemon stuck in exponential backoff retries at
+	return a.queueVerb(queueVerb{
+		use:   "reset <daemon>",
+		short: "Collapse a daemon's poll backoff",
+		long: `Queue a reset_backoff command: a daemon stuck in exponential backoff retries at
 retry_min_s on its next poll. Cheaper than a kill and relaunch.
 --json prints {commandId, workerId, kind}.`,
-		Example:           `  lakeshore daemon reset gpu-rig`,
+		example: `  lakeshore daemon reset gpu-rig`,
+		call:    (*opclient.Client).Reset,
+		done:    "queued reset_backoff on %s (command %s)\n",
+	})
+}
+
+// queueVerb describes a verb that queues one command on one daemon and says
+// so: reset, rotate-key.
+type queueVerb struct {
+	use, short, long, example string
+	call                      func(*opclient.Client, context.Context, string) (operatorapi.Queued, error)
+	// done is printed with the daemon and the command id.
+	done string
+}
+
+func (a *app) queueVerb(v queueVerb) *cobra.Command {
+	var jsonOut, byID bool
+	cmd := &cobra.Command{
+		Use:               v.use,
+		Short:             v.short,
+		Long:              v.long,
+		Example:           v.example,
 		Args:              exactArgs(1, "one <daemon>"),
 		ValidArgsFunction: a.completeDaemon,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -150,14 +172,14 @@ retry_min_s on its next poll. Cheaper than a kill and relaunch.
 			if err != nil {
 				return err
 			}
-			q, err := c.Reset(ctx, w.ID)
+			q, err := v.call(c, ctx, w.ID)
 			if err != nil {
 				return err
 			}
 			if jsonOut {
 				return writeJSON(a.env.Stdout, q)
 			}
-			_, err = fmt.Fprintf(a.env.Stdout, "queued reset_backoff on %s (command %s)\n", describe(w), q.CommandID)
+			_, err = fmt.Fprintf(a.env.Stdout, v.done, describe(w), q.CommandID)
 			return err
 		},
 	}

@@ -93,43 +93,19 @@ func (o identityOpts) url(u string) string {
 }
 
 func (a *app) daemonRotateKeyCmd() *cobra.Command {
-	var jsonOut, byID bool
-	cmd := &cobra.Command{
-		Use:   "rotate-key <daemon>",
-		Short: "Ask a daemon to replace its identity key",
-		Long: `Queue a rotate_key command. The daemon makes a new Ed25519 keypair, registers it
+	return a.queueVerb(queueVerb{
+		use:   "rotate-key <daemon>",
+		short: "Ask a daemon to replace its identity key",
+		long: `Queue a rotate_key command. The daemon makes a new Ed25519 keypair, registers it
 with the control plane in a request signed by its current key, and switches to
 it only once the control plane has accepted it; from then on the old key is
 refused. A daemon without an enrolled key ([identity] disabled) is a 409.
 --json prints {commandId, workerId, kind}.`,
-		Example: `  lakeshore daemon rotate-key gpu-rig
+		example: `  lakeshore daemon rotate-key gpu-rig
   lakeshore daemon rotate-key 5f0c1e2d3b4a59687a6b5c4d --id --json`,
-		Args:              exactArgs(1, "one <daemon>"),
-		ValidArgsFunction: a.completeDaemon,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			w, err := a.target(ctx, c, args[0], byID)
-			if err != nil {
-				return err
-			}
-			q, err := c.RotateKey(ctx, w.ID)
-			if err != nil {
-				return err
-			}
-			if jsonOut {
-				return writeJSON(a.env.Stdout, q)
-			}
-			_, err = fmt.Fprintf(a.env.Stdout, "queued rotate_key on %s (command %s); 'lakeshore daemon show' lists its keys\n", describe(w), q.CommandID)
-			return err
-		},
-	}
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
-	cmd.Flags().BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
-	return cmd
+		call: (*opclient.Client).RotateKey,
+		done: "queued rotate_key on %s (command %s); 'lakeshore daemon show' lists its keys\n",
+	})
 }
 
 func (a *app) daemonRevokeKeyCmd() *cobra.Command {

@@ -237,7 +237,7 @@ func redactErr(err error, spec string) error {
 	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
 		return err
 	}
-	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
+	return errors.New(strings.ReplaceAll(err.Error(), pw, "[redacted]"))
 }
 
 func defaultDataDir(getenv func(string) string) (string, error) {
