@@ -469,7 +469,7 @@ func (c *Client) do(ctx context.Context, method string, u *url.URL, contentType 
 
 // maxResign bounds how often one request is signed again after 401s: once
 // per rotation that overtook it.
-const maxResign = 3
+const maxResign = 8
 
 // send sends one request and returns the response, whatever its status. A
 // 401 to a request signed by a key that a rotation replaced meanwhile is
