@@ -22,6 +22,7 @@ import (
 	"nymph/hostinfo"
 	"nymph/identity"
 	"nymph/messages"
+	"nymph/orphans"
 	"nymph/outbox"
 	"nymph/uplink"
 )
@@ -42,6 +43,18 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	}
 	if err := os.MkdirAll(cfg.Runtime.Workdir, 0o755); err != nil {
 		return &exitError{code: exitUsage, err: fmt.Errorf("[runtime] workdir: %w", err)}
+	}
+	// Jobs left running by a previous incarnation that died without
+	// stopping them (SIGKILL, OOM) carry this workdir's mark: end them
+	// before anything new starts, then mark this process for the next time.
+	marker := orphans.Marker(cfg.Runtime.Workdir)
+	if killed, err := orphans.Reap("/proc", marker); err != nil {
+		log.Warn().Err(err).Msg("could not look for processes left by a previous run")
+	} else if len(killed) > 0 {
+		log.Warn().Ints("pids", killed).Msg("killed processes left running by a previous run of this daemon")
+	}
+	if err := orphans.Mark(marker); err != nil {
+		return &exitError{code: exitFailed, err: err}
 	}
 
 	probe := hostinfo.New()

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -77,6 +78,42 @@ func TestControlPlaneCrashLosesNothing(t *testing.T) {
 	r := cp.CLI(t, "daemon", "exec", "survivor", "echo still here")
 	expectCode(t, r, 0)
 	if r.Stdout != "still here\n" {
+		t.Fatalf("exec after restart: %q", r.Stdout)
+	}
+}
+
+// A daemon killed with SIGKILL cannot stop its jobs; the next start of the
+// same daemon (same workdir) ends whatever they left running, and the
+// daemon goes on taking work.
+func TestDaemonRestartEndsJobsLeftByACrash(t *testing.T) {
+	t.Parallel()
+	cp := harness.StartControlPlane(t, harness.CPOptions{})
+	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "phoenix"})
+	pidFile := filepath.Join(t.TempDir(), "job.pid")
+	startExec(t, cp, "phoenix", fmt.Sprintf("echo $$ > %s; exec sleep 300", pidFile))
+	var pid int
+	harness.WaitFor(t, 30*time.Second, "the job to start", func() bool {
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			return false
+		}
+		_, err = fmt.Sscan(string(b), &pid)
+		return err == nil && pid > 0
+	})
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+
+	d.Kill() // SIGKILL to nymph's own process group; the job has its own
+	if !processAlive(pid) {
+		t.Fatalf("job %d died with the daemon; the test needs it to outlive the crash", pid)
+	}
+	d.Start(d.Bin, nil)
+	harness.WaitFor(t, 30*time.Second, "the restarted daemon to end the left-over job", func() bool { return !processAlive(pid) })
+	if !strings.Contains(d.Log(), "killed processes left running by a previous run") {
+		t.Fatalf("no log line about the left-over job:\n%s", d.Log())
+	}
+	r := cp.CLI(t, "daemon", "exec", "phoenix", "echo", "back")
+	expectCode(t, r, 0)
+	if r.Stdout != "back\n" {
 		t.Fatalf("exec after restart: %q", r.Stdout)
 	}
 }

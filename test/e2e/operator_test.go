@@ -255,6 +255,13 @@ func TestKillCleanupAndStale(t *testing.T) {
 		return w.State == operatorapi.StateStale && w.StoredState == operatorapi.StateActive
 	})
 
+	// The live daemons poll every second; fleet-a has been silent for a
+	// while. A 5 s threshold separates them with room for a loaded machine.
+	harness.WaitFor(t, 30*time.Second, "fleet-a silent for 6 s", func() bool {
+		w := mustJSON[operatorapi.Worker](t, cp.CLI(t, "daemon", "show", "fleet-a", "--json"))
+		return time.Since(w.LastSeenAt) > 6*time.Second
+	})
+
 	// Cleanup rules.
 	for _, bad := range []string{"0", "-1h", "200h"} {
 		r := cp.CLI(t, "daemon", "cleanup", "--older-than", bad, "--yes")
@@ -262,16 +269,16 @@ func TestKillCleanupAndStale(t *testing.T) {
 			t.Fatalf("cleanup --older-than %s accepted: %s", bad, r.Stdout)
 		}
 	}
-	dry := mustJSON[operatorapi.CleanupResponse](t, cp.CLI(t, "daemon", "cleanup", "--older-than", "1s", "--dry-run", "--json"))
+	dry := mustJSON[operatorapi.CleanupResponse](t, cp.CLI(t, "daemon", "cleanup", "--older-than", "5s", "--dry-run", "--json"))
 	if dry.Count != 1 || dry.Deleted[0].Label != "fleet-a" {
 		t.Fatalf("cleanup --dry-run: %+v", dry)
 	}
-	r := cp.CLI(t, "daemon", "cleanup", "--older-than", "1s")
+	r := cp.CLI(t, "daemon", "cleanup", "--older-than", "5s")
 	expectCode(t, r, 0) // no terminal, no --yes: cancelled
 	if len(cp.Workers(t)) != 3 {
 		t.Fatalf("cleanup without --yes on a non-terminal deleted something")
 	}
-	done := mustJSON[operatorapi.CleanupResponse](t, cp.CLI(t, "daemon", "cleanup", "--older-than", "1s", "--yes", "--json"))
+	done := mustJSON[operatorapi.CleanupResponse](t, cp.CLI(t, "daemon", "cleanup", "--older-than", "5s", "--yes", "--json"))
 	if done.Count != 1 || len(cp.Workers(t)) != 2 {
 		t.Fatalf("cleanup --yes: %+v", done)
 	}
