@@ -127,6 +127,15 @@ func writeOperatorError(w http.ResponseWriter, err error) {
 
 // decodeJSON decodes one JSON object from body into v. An empty body is an
 // empty object.
+// readJSON reads a small operator request body and decodes it into v.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	body, err := readBody(w, r, limitSmall)
+	if err != nil {
+		return err
+	}
+	return decodeJSON(body, v)
+}
+
 func decodeJSON(body []byte, v any) error {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 {

@@ -33,13 +33,8 @@ func (s *Server) handleRevokeKey(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	body, err := readBody(w, r, limitSmall)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
-	}
 	var req operatorapi.RevokeKeyRequest
-	if err := decodeJSON(body, &req); err != nil {
+	if err := readJSON(w, r, &req); err != nil {
 		writeOperatorError(w, err)
 		return
 	}

@@ -164,13 +164,8 @@ func (s *Server) handleCleanup(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	body, err := readBody(w, r, limitSmall)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
-	}
 	var req operatorapi.CleanupRequest
-	if err := decodeJSON(body, &req); err != nil {
+	if err := readJSON(w, r, &req); err != nil {
 		writeOperatorError(w, err)
 		return
 	}

@@ -63,13 +63,8 @@ func (s *Server) handleSetTargetVersion(w http.ResponseWriter, r *http.Request) 
 		writeOperatorError(w, err)
 		return
 	}
-	body, err := readBody(w, r, limitSmall)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
-	}
 	var req operatorapi.SetTargetVersionRequest
-	if err := decodeJSON(body, &req); err != nil {
+	if err := readJSON(w, r, &req); err != nil {
 		writeOperatorError(w, err)
 		return
 	}
@@ -124,13 +119,8 @@ func (s *Server) handleUpdateWorker(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	body, err := readBody(w, r, limitSmall)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
-	}
 	var req operatorapi.UpdateRequest
-	if err := decodeJSON(body, &req); err != nil {
+	if err := readJSON(w, r, &req); err != nil {
 		writeOperatorError(w, err)
 		return
 	}

@@ -33,13 +33,8 @@ func (s *Server) handleCreateQueue(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	body, err := readBody(w, r, limitSmall)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
-	}
 	var req operatorapi.CreateQueueRequest
-	if err := decodeJSON(body, &req); err != nil {
+	if err := readJSON(w, r, &req); err != nil {
 		writeOperatorError(w, err)
 		return
 	}
@@ -119,13 +114,8 @@ func (s *Server) handleEditWorkerQueues(w http.ResponseWriter, r *http.Request) 
 		writeOperatorError(w, err)
 		return
 	}
-	body, err := readBody(w, r, limitSmall)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
-	}
 	var req operatorapi.QueueEditRequest
-	if err := decodeJSON(body, &req); err != nil {
+	if err := readJSON(w, r, &req); err != nil {
 		writeOperatorError(w, err)
 		return
 	}

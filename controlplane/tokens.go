@@ -24,13 +24,8 @@ const (
 // handleCreateToken mints a token and returns its secret, which is stored
 // only as a sha256 and never shown again.
 func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(w, r, limitSmall)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
-	}
 	var req operatorapi.TokenRequest
-	if err := decodeJSON(body, &req); err != nil {
+	if err := readJSON(w, r, &req); err != nil {
 		writeOperatorError(w, err)
 		return
 	}
