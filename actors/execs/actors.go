@@ -14,9 +14,6 @@
 package execs
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"regexp"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -62,15 +59,9 @@ func Props(d *Deps) *actor.Props {
 // process group and the exec is reported, so the count does not matter.
 var childStrategy = actor.NewOneForOneStrategy(1<<30, 0, actor.DefaultDecider)
 
-var plainName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
-
 // ChildName is the actor name of one exec's child under the parent.
 func ChildName(execID string) string {
-	if plainName.MatchString(execID) {
-		return "exec-" + execID
-	}
-	sum := sha256.Sum256([]byte(execID))
-	return "exec-x" + hex.EncodeToString(sum[:12])
+	return ledger.ActorName("exec-", execID)
 }
 
 type parent struct {

@@ -15,14 +15,12 @@ package invocations
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 	"time"
 
@@ -74,15 +72,9 @@ func Props(d *Deps) *actor.Props {
 
 var childStrategy = actor.NewOneForOneStrategy(1<<30, 0, actor.DefaultDecider)
 
-var plainName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
-
 // ChildName is the actor name of one run's child under the parent.
 func ChildName(invocationID string) string {
-	if plainName.MatchString(invocationID) {
-		return "run-" + invocationID
-	}
-	sum := sha256.Sum256([]byte(invocationID))
-	return "run-x" + hex.EncodeToString(sum[:12])
+	return ledger.ActorName("run-", invocationID)
 }
 
 type parent struct {

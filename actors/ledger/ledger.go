@@ -12,6 +12,8 @@
 package ledger
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"sync"
 	"time"
@@ -259,4 +261,20 @@ func (t *Tail) String() string {
 		}
 	}
 	return strings.ToValidUTF8(string(b), "\uFFFD")
+}
+
+// ActorName names the child actor of one job: prefix + id when the id is
+// short and plain, else prefix + "x" + a hash of it, so any id the control
+// plane sends makes a valid, unique actor name.
+func ActorName(prefix, id string) string {
+	plain := len(id) >= 1 && len(id) <= 100
+	for i := 0; plain && i < len(id); i++ {
+		c := id[i]
+		plain = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+	}
+	if plain {
+		return prefix + id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return prefix + "x" + hex.EncodeToString(sum[:12])
 }
