@@ -14,12 +14,14 @@ import (
 	"nymph/test/fakecp"
 )
 
-// fakeTool writes an executable shell script that appends its name, a
-// chosen variable and its arguments (one per line) to log, then runs tail.
-func fakeTool(t *testing.T, dir, name, log, tail string) string {
+// fakeTool writes an executable shell script that records its name, a
+// chosen variable and its arguments (one per line) in a file of its own
+// under logDir, then runs tail. One file per call: the runners start these
+// tools concurrently, and appends to one shared file would interleave.
+func fakeTool(t *testing.T, dir, name, logDir, tail string) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
-	script := fmt.Sprintf("#!/bin/sh\n{ echo \"== %s conf=$SLURM_CONF\"; for a in \"$@\"; do echo \"$a\"; done; } >> %q\n%s\n", name, log, tail)
+	script := fmt.Sprintf("#!/bin/sh\n{ echo \"== %s conf=$SLURM_CONF\"; for a in \"$@\"; do echo \"$a\"; done; } > %q/%s.$$\n%s\n", name, logDir, name, tail)
 	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +34,10 @@ func fakeTool(t *testing.T, dir, name, log, tail string) string {
 func TestRunnerSettingsReachTheRunners(t *testing.T) {
 	cp := fakecp.New(t)
 	dir := t.TempDir()
-	log := filepath.Join(dir, "calls.log")
+	log := filepath.Join(dir, "calls")
+	if err := os.Mkdir(log, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	bin := filepath.Join(dir, "bin")
 	if err := os.Mkdir(bin, 0o755); err != nil {
 		t.Fatal(err)
@@ -137,14 +142,21 @@ format = "json"
 		t.Errorf("slurm result %q", acks["sl"].ResultBlob)
 	}
 
-	b, err := os.ReadFile(log)
+	files, err := os.ReadDir(log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	calls := map[string][]string{}
-	for _, block := range strings.Split(string(b), "== ")[1:] {
-		lines := strings.Split(strings.TrimSpace(block), "\n")
-		calls[strings.Fields(lines[0])[0]] = lines
+	// A tool may be called more than once (a container CLI is also asked to
+	// remove its container); every call is kept.
+	calls := map[string][][]string{}
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(log, f.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimPrefix(strings.TrimSpace(string(b)), "== "), "\n")
+		name := strings.Fields(lines[0])[0]
+		calls[name] = append(calls[name], lines)
 	}
 	expectSeq(t, "python", calls["my-python"], "nymph_shim.py", "mod", "f")
 	expectSeq(t, "docker", calls["my-docker"], "--global-flag", "g1", "run", "--rm", "-i", "--name", "nymph-dock", "--network=none")
@@ -152,23 +164,26 @@ format = "json"
 	expectSeq(t, "runsc", calls["my-runsc"], "--network=none", "--platform=systrap", "do")
 	expectSeq(t, "gvisor cli", calls["my-gvisor-cli"], "--runtime", "/usr/bin/runsc", "run", "--rm", "-i", "--name", "nymph-gv-img", "--gvisor-run-flag")
 	expectSeq(t, "srun", calls["srun"], "--partition=debug")
-	if len(calls["srun"]) == 0 || !strings.Contains(calls["srun"][0], "conf=/etc/slurm/test.conf") {
+	if len(calls["srun"]) == 0 || !strings.Contains(calls["srun"][0][0], "conf=/etc/slurm/test.conf") {
 		t.Errorf("srun did not get SLURM_CONF: %q", calls["srun"])
 	}
 }
 
-// expectSeq checks that want appears in got as a contiguous run (the
-// first entry matched as a suffix, for paths).
-func expectSeq(t *testing.T, what string, got []string, want ...string) {
+// expectSeq checks that want appears as a contiguous run in the arguments
+// of one of the calls (the first entry matched as a suffix, for paths).
+func expectSeq(t *testing.T, what string, calls [][]string, want ...string) {
 	t.Helper()
-	for i := range got {
-		if i+len(want) > len(got) || !strings.HasSuffix(got[i], want[0]) {
-			continue
-		}
-		if slices.Equal(got[i+1:i+len(want)], want[1:]) {
-			return
+	for _, got := range calls {
+		for i := range got {
+			if i+len(want) > len(got) || !strings.HasSuffix(got[i], want[0]) {
+				continue
+			}
+			if slices.Equal(got[i+1:i+len(want)], want[1:]) {
+				return
+			}
 		}
 	}
+	got := calls
 	t.Errorf("%s: %q not found in %q", what, want, got)
 }
 
