@@ -131,8 +131,9 @@ func TestExecStreamsAndPassesExitCode(t *testing.T) {
 		len(req.Env) != 2 || req.Env["A"] != "1" || req.Env["B"] != "2" {
 		t.Fatalf("exec request = %+v", req)
 	}
-	if f.execPaths[0] != "/v1/namespaces/default/workers/aaaa000000000000000000a1/exec" {
-		t.Fatalf("exec path = %s", f.execPaths[0])
+	// A label one worker has goes straight to the control plane.
+	if f.execPaths[0] != "/v1/namespaces/default/workers/gpu-rig-1/exec" || f.execs["exec-1"].worker != "aaaa000000000000000000a1" {
+		t.Fatalf("exec path = %s, worker %s", f.execPaths[0], f.execs["exec-1"].worker)
 	}
 }
 
@@ -546,5 +547,19 @@ func TestCompletionScripts(t *testing.T) {
 	r = f.run(t, runOpts{}, "__complete", "exec", "--queue", "")
 	if !strings.Contains(r.stdout, "gpu\n") {
 		t.Fatalf("queue completion: %+v", r)
+	}
+}
+
+// A label prefix is not something the control plane resolves: the CLI
+// falls back to the list, and the exec goes to the one daemon it names.
+func TestExecByLabelPrefix(t *testing.T) {
+	f := newFakeCP(t, fleet()...)
+	f.steps = []step{{out: "ok\n", finish: true}}
+	r := f.run(t, runOpts{}, "daemon", "exec", "cp", "true")
+	if r.code != 0 || r.stdout != "ok\n" {
+		t.Fatalf("result = %+v", r)
+	}
+	if len(f.execPaths) != 1 || f.execPaths[0] != "/v1/namespaces/default/workers/bbbb000000000000000000b1/exec" {
+		t.Fatalf("exec paths = %v", f.execPaths)
 	}
 }

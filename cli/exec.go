@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -27,6 +28,11 @@ const (
 	retryMin     = 100 * time.Millisecond
 	retryMax     = 2 * time.Second
 	cancelBudget = 5 * time.Second
+	// progressFirstWait bounds the wait folded into a submission when a
+	// progress line is shown.
+	progressFirstWait = 2 * time.Second
+	// submitBudget bounds a submission that a Ctrl-C does not interrupt.
+	submitBudget = 30 * time.Second
 )
 
 type execFlags struct {
@@ -149,12 +155,22 @@ stderr, duration_ms, error, ...}}. Ctrl-C cancels the remote command.
 			if err != nil {
 				return err
 			}
-			w, err := a.target(ctx, c, args[0], f.byID)
-			if err != nil {
-				return err
+			if f.byID && args[0] == "" {
+				return usagef("empty daemon id")
 			}
-			return a.runExec(ctx, c, f, req, describe(w), func(ctx context.Context) (operatorapi.ExecAccepted, error) {
-				return c.Exec(ctx, w.ID, req)
+			return a.runExec(ctx, c, f, req, "", func(ctx context.Context, wait time.Duration) (operatorapi.ExecAccepted, *operatorapi.Exec, error) {
+				// The control plane knows ids and labels that name one
+				// worker: one request. Anything else (a label prefix, a
+				// label shared by several) is resolved here, from the list.
+				acc, ex, err := c.SubmitExec(ctx, args[0], req, wait)
+				if f.byID || !needsLocalResolve(err) {
+					return acc, ex, err
+				}
+				w, err := a.resolve(ctx, c, args[0])
+				if err != nil {
+					return acc, nil, err
+				}
+				return c.SubmitExec(ctx, w.ID, req, wait)
 			})
 		},
 	}
@@ -197,8 +213,8 @@ this is 'lakeshore daemon exec' (see its help for streaming and --json).
 				return err
 			}
 			if f.queue != "" {
-				return a.runExec(ctx, c, f, req, "queue "+strconv.Quote(f.queue), func(ctx context.Context) (operatorapi.ExecAccepted, error) {
-					return c.QueueExec(ctx, req)
+				return a.runExec(ctx, c, f, req, "queue "+strconv.Quote(f.queue), func(ctx context.Context, wait time.Duration) (operatorapi.ExecAccepted, *operatorapi.Exec, error) {
+					return c.SubmitQueueExec(ctx, req, wait)
 				})
 			}
 			if !a.env.StdinTTY {
@@ -212,8 +228,8 @@ this is 'lakeshore daemon exec' (see its help for streaming and --json).
 				return err
 			}
 			req.Queue = ""
-			return a.runExec(ctx, c, f, req, describe(w), func(ctx context.Context) (operatorapi.ExecAccepted, error) {
-				return c.Exec(ctx, w.ID, req)
+			return a.runExec(ctx, c, f, req, describe(w), func(ctx context.Context, wait time.Duration) (operatorapi.ExecAccepted, *operatorapi.Exec, error) {
+				return c.SubmitExec(ctx, w.ID, req, wait)
 			})
 		},
 	}
@@ -271,13 +287,27 @@ func pick(in io.Reader, out io.Writer, ws []operatorapi.Worker) (operatorapi.Wor
 
 // runExec submits an exec, follows it to the end and turns the remote exit
 // code into this process's.
+// runExec submits an exec and follows it to its end. submit may wait up to
+// the given time for the first news of the exec in the same request (see
+// opclient.SubmitExec); where names the target in messages, and when empty
+// is taken from the answer.
 func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req operatorapi.ExecRequest, where string,
-	submit func(context.Context) (operatorapi.ExecAccepted, error)) error {
+	submit func(context.Context, time.Duration) (operatorapi.ExecAccepted, *operatorapi.Exec, error)) error {
 	wait := time.Duration(f.wait * float64(time.Second))
 	deadline := time.Now().Add(wait)
-	acc, err := submit(ctx)
+	// The submission waits for the first output or the end, but only
+	// briefly on a terminal, whose progress line should show when the
+	// daemon picks the command up.
+	firstWait := min(wait, maxLongPoll)
+	if a.env.StderrTTY && !f.jsonOut {
+		firstWait = min(firstWait, progressFirstWait)
+	}
+	acc, first, err := submit(ctx, firstWait)
 	if err != nil {
 		return err
+	}
+	if where == "" {
+		where = describe(operatorapi.Worker{ID: acc.WorkerID, Label: acc.Label})
 	}
 	prog := startProgress(a.env.Stderr, a.env.StderrTTY && !f.jsonOut, fmt.Sprintf("waiting for %s (exec %s, queued)", where, acc.ExecID))
 	defer prog.Stop()
@@ -298,9 +328,14 @@ func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req 
 		if draining {
 			poll = 0
 		}
-		rctx, cancel := context.WithTimeout(ctx, poll+requestSlack)
-		ex, err := c.GetExec(rctx, acc.ExecID, poll, offset)
-		cancel()
+		var ex operatorapi.Exec
+		if first != nil {
+			ex, first, err = *first, nil, nil
+		} else {
+			rctx, cancel := context.WithTimeout(ctx, poll+requestSlack)
+			ex, err = c.GetExec(rctx, acc.ExecID, poll, offset)
+			cancel()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				prog.Stop()
@@ -346,6 +381,18 @@ func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req 
 		}
 		prog.Set(fmt.Sprintf("waiting for %s (exec %s, %s)", where, acc.ExecID, orDash(ex.State)))
 	}
+}
+
+// needsLocalResolve reports whether the control plane turned a daemon
+// argument down in a way the CLI's own resolution may still answer: no
+// worker with that id or label (it may be a label prefix), or a label
+// several workers share (one of them may be the only live one).
+func needsLocalResolve(err error) bool {
+	var e *opclient.Error
+	if !errors.As(err, &e) || e.Field != "id" {
+		return false
+	}
+	return e.Status == http.StatusNotFound || e.Status == http.StatusConflict
 }
 
 // newOutput returns the bytes of ex.Output past offset, trimming any

@@ -201,18 +201,35 @@ func (f *fakeCP) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	worker := r.PathValue("id")
+	// Like the real control plane: an id, or a label only one worker has.
+	worker, label := r.PathValue("id"), ""
 	if worker == "" {
 		worker = "queue-picked"
-	} else if _, ok := f.find(worker); !ok {
-		reply(w, 404, operatorapi.Error{Error: "no such worker", Field: "id"})
-		return
+	} else if wk, ok := f.find(worker); ok {
+		label = wk.Label
+	} else {
+		var named []operatorapi.Worker
+		for _, wk := range f.workers {
+			if wk.Label == worker {
+				named = append(named, wk)
+			}
+		}
+		switch len(named) {
+		case 0:
+			reply(w, 404, operatorapi.Error{Error: "no such worker", Field: "id"})
+			return
+		case 1:
+			worker, label = named[0].ID, named[0].Label
+		default:
+			reply(w, 409, operatorapi.Error{Error: "label names several workers; use an id", Field: "id"})
+			return
+		}
 	}
 	id := "exec-" + strconv.Itoa(len(f.execs)+1)
 	f.execs[id] = &fakeExec{id: id, worker: worker, command: req.Command, steps: f.steps, state: operatorapi.ExecQueued}
 	f.execReqs = append(f.execReqs, req)
 	f.execPaths = append(f.execPaths, r.URL.Path)
-	reply(w, 202, operatorapi.ExecAccepted{ExecID: id, WorkerID: worker})
+	reply(w, 202, operatorapi.ExecAccepted{ExecID: id, WorkerID: worker, Label: label})
 }
 
 // getExec advances the exec one step per read. An exec with no steps left

@@ -332,11 +332,19 @@ func jsonable(v any) any {
 
 // runInvocation submits, follows and reports one invocation.
 func (a *app) runInvocation(ctx context.Context, c *opclient.Client, f runFlags, req operatorapi.InvocationRequest) error {
-	sub, err := c.SubmitInvocation(ctx, req)
+	// A Ctrl-C must not cut the submission short: the invocation may be
+	// queued already, and only the answer names it so it can be cancelled.
+	// A second Ctrl-C still ends lakeshore at once.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), submitBudget)
+	sub, err := c.SubmitInvocation(sctx, req)
+	cancel()
 	if err != nil {
 		return err
 	}
 	inv := sub.Invocation
+	if ctx.Err() != nil && !f.noWait {
+		return a.runInterrupted(c, inv.ID)
+	}
 	if f.noWait {
 		if f.jsonOut {
 			return writeJSON(a.env.Stdout, sub)

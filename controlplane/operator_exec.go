@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -57,6 +58,11 @@ func (s *Server) buildExec(r *http.Request, req operatorapi.ExecRequest, execID 
 }
 
 func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Worker, req operatorapi.ExecRequest) {
+	wait, err := parseWait(r.URL.Query().Get("wait"), s.waitCap)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
 	id := newExecID()
 	body, err := s.buildExec(r, req, id)
 	if err != nil {
@@ -70,7 +76,34 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 		writeOperatorError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, operatorapi.ExecAccepted{ExecID: id, WorkerID: wk.ID})
+	acc := operatorapi.ExecAccepted{ExecID: id, WorkerID: wk.ID, Label: wk.Label}
+	if wait == 0 {
+		writeJSON(w, http.StatusAccepted, acc)
+		return
+	}
+	// The id goes out before the wait, so a client that loses the
+	// connection while waiting still knows which exec to follow. Only an
+	// end or output ends this wait: delivery to the daemon, which would
+	// wake a read, is no news to someone waiting for the command's output.
+	w.Header().Set("Content-Type", operatorapi.ContentTypeNDJSON)
+	w.WriteHeader(http.StatusAccepted)
+	enc := json.NewEncoder(w)
+	if err := enc.Encode(acc); err != nil {
+		return
+	}
+	if err := http.NewResponseController(w).Flush(); err != nil {
+		s.log.Warn().Err(err).Str("exec_id", id).Msg("cannot flush the accepted exec before waiting")
+	}
+	e, err := s.awaitExec(r, wk.Namespace, id, wait, 0, true)
+	if err != nil {
+		return // the client carries on with RouteGetExec
+	}
+	view, err := s.execView(r, e, 0)
+	if err != nil {
+		s.log.Error().Err(err).Str("exec_id", id).Msg("exec snapshot after submission")
+		return
+	}
+	_ = enc.Encode(view)
 }
 
 func (s *Server) readExecRequest(w http.ResponseWriter, r *http.Request) (operatorapi.ExecRequest, error) {
@@ -221,9 +254,29 @@ func (s *Server) handleGetExec(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, badField(http.StatusNotFound, "exec_id", "no such exec"))
 		return
 	}
+	e, err := s.awaitExec(r, ns, id, wait, offset, false)
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeOperatorError(w, err)
+		}
+		return
+	}
+	view, err := s.execView(r, e, offset)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, view)
+}
+
+// awaitExec reads exec id of namespace ns once something is there for a
+// reader at offset: it has finished, or has output past offset, or wait
+// has passed (or the server is closing), or, unless onlyNews, anything
+// about it changed. An exec of another namespace is not found.
+func (s *Server) awaitExec(r *http.Request, ns, id string, wait time.Duration, offset int64, onlyNews bool) (store.Exec, error) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	waited := false
+	waited, timedOut := false, false
 	for {
 		woken, release := s.wake.subscribe(execKey(id))
 		e, err := s.st.Exec(r.Context(), id)
@@ -232,18 +285,15 @@ func (s *Server) handleGetExec(w http.ResponseWriter, r *http.Request) {
 		}
 		if isNotFound(err) {
 			release()
-			writeOperatorError(w, badField(http.StatusNotFound, "exec_id", "no such exec"))
-			return
+			return store.Exec{}, badField(http.StatusNotFound, "exec_id", "no such exec")
 		}
 		if err != nil {
 			release()
-			writeOperatorError(w, err)
-			return
+			return store.Exec{}, err
 		}
-		if waited || wait == 0 || e.State == store.ExecFinished || e.OutputLen > offset {
+		if (waited && !onlyNews) || timedOut || wait == 0 || e.State == store.ExecFinished || e.OutputLen > offset {
 			release()
-			s.writeExec(w, r, e, offset)
-			return
+			return e, nil
 		}
 		if s.parked != nil {
 			s.parked(execKey(id))
@@ -251,17 +301,20 @@ func (s *Server) handleGetExec(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-woken:
 		case <-timer.C:
+			timedOut = true
 		case <-s.closing:
+			timedOut = true
 		case <-r.Context().Done():
 			release()
-			return
+			return store.Exec{}, r.Context().Err()
 		}
 		release()
 		waited = true
 	}
 }
 
-func (s *Server) writeExec(w http.ResponseWriter, r *http.Request, e store.Exec, offset int64) {
+// execView is what an operator sees of e, with output from offset.
+func (s *Server) execView(r *http.Request, e store.Exec, offset int64) (operatorapi.Exec, error) {
 	out := operatorapi.Exec{
 		ExecID: e.ID, WorkerID: e.WorkerID, Command: e.Command, State: e.State, CreatedAt: e.CreatedAt,
 		Offset: offset, NextOffset: offset,
@@ -269,8 +322,7 @@ func (s *Server) writeExec(w http.ResponseWriter, r *http.Request, e store.Exec,
 	if offset < e.OutputLen {
 		data, err := s.st.Output(r.Context(), e.ID, offset, outputPage)
 		if err != nil {
-			writeOperatorError(w, err)
-			return
+			return out, err
 		}
 		out.Output = data
 		out.NextOffset = offset + int64(len(data))
@@ -283,7 +335,7 @@ func (s *Server) writeExec(w http.ResponseWriter, r *http.Request, e store.Exec,
 			out.Result = &res
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
 // parseWait reads the wait query parameter: seconds, at most max.

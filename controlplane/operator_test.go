@@ -1,6 +1,8 @@
 package controlplane
 
 import (
+	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -323,5 +325,65 @@ func TestQueueRouting(t *testing.T) {
 	e.op(http.MethodPost, "/v1/namespaces/default/workers/"+b+"/hibernate", operatorapi.HibernateRequest{UntilEpochS: e.clock.Now().Unix() + 600})
 	if st, _ := route("pool"); st != http.StatusConflict {
 		t.Fatalf("setting_up and hibernating members: %d", st)
+	}
+}
+
+// An exec submitted with wait answers in one request: the accepted exec at
+// once (flushed before the wait), then the exec as a long-polling read
+// would see it.
+func TestExecSubmitWithWait(t *testing.T) {
+	e := newEnv(t)
+	id, _ := e.hello("m", "rig")
+
+	body := `{"command":"echo hi"}`
+	req, _ := http.NewRequest(http.MethodPost, e.url+"/v1/namespaces/default/workers/rig/exec?wait=15", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+testAdmin)
+	req.Header.Set("Content-Type", "application/json")
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	if r.StatusCode != http.StatusAccepted || r.Header.Get("Content-Type") != operatorapi.ContentTypeNDJSON {
+		t.Fatalf("status %d, content type %q", r.StatusCode, r.Header.Get("Content-Type"))
+	}
+	dec := json.NewDecoder(r.Body)
+	var acc operatorapi.ExecAccepted
+	// The first document arrives while the exec has not even been polled.
+	if err := dec.Decode(&acc); err != nil || acc.ExecID == "" || acc.WorkerID != id || acc.Label != "rig" {
+		t.Fatalf("first document %+v: %v", acc, err)
+	}
+	e.waitParked(execKey(acc.ExecID))
+	p := e.poll(id, nil, 0, "")
+	if len(p.Commands) != 1 {
+		t.Fatalf("poll: %v", commandsOf(p))
+	}
+	res := &messages.ExecResult{ExitCode: 0, Stdout: "hi\n", DurationMs: 3}
+	if rr := e.do(http.MethodPost, "/v1/daemon/exec/"+acc.ExecID+"/result", messages.ContentType, "", mustMarshal(t, res)); rr.status != http.StatusOK {
+		t.Fatalf("result: %d", rr.status)
+	}
+	var ex operatorapi.Exec
+	if err := dec.Decode(&ex); err != nil {
+		t.Fatal(err)
+	}
+	if ex.ExecID != acc.ExecID || ex.State != operatorapi.ExecFinished || ex.Result == nil || ex.Result.Stdout != "hi\n" {
+		t.Fatalf("second document %+v", ex)
+	}
+	if err := dec.Decode(&ex); err != io.EOF {
+		t.Fatalf("a third document: %v", err)
+	}
+
+	// A bad wait is refused before anything is queued.
+	rr := e.op(http.MethodPost, "/v1/namespaces/default/workers/rig/exec?wait=soon", operatorapi.ExecRequest{Command: "true"})
+	if rr.status != http.StatusBadRequest || errField(t, rr) != "wait" {
+		t.Fatalf("bad wait: %d %q", rr.status, rr.body)
+	}
+	if p := e.poll(id, p.Cursor, 0, ""); len(p.Commands) != 0 {
+		t.Fatalf("a refused exec was queued: %v", commandsOf(p))
+	}
+	// Without wait, one plain JSON document, as before.
+	rr = e.op(http.MethodPost, "/v1/namespaces/default/exec", operatorapi.ExecRequest{Command: "true", Queue: "default"})
+	if rr.status != http.StatusAccepted || !strings.HasPrefix(rr.header.Get("Content-Type"), "application/json") {
+		t.Fatalf("queue exec without wait: %d %q", rr.status, rr.header.Get("Content-Type"))
 	}
 }

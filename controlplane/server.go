@@ -362,6 +362,10 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
+// Unwrap lets http.ResponseController reach the connection's writer, so
+// a handler can flush a first answer before it waits for the rest.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // middleware counts in-flight requests, logs each one, and turns a panic
 // into a logged 500 — a last resort: every route validates its input first.
 func (s *Server) middleware(next http.Handler) http.Handler {

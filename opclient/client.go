@@ -116,6 +116,52 @@ func (c *Client) Exec(ctx context.Context, workerID string, req operatorapi.Exec
 	return out, err
 }
 
+// SubmitExec submits req to the worker ref names (its id, or a label only
+// one worker has) and, with wait > 0, waits as GetExec(wait, offset 0)
+// would for the first news of the exec, in the same request. The Exec is
+// nil when wait is 0, and also when the connection ended after the exec was
+// accepted: err is nil then, and the caller follows the exec with GetExec.
+func (c *Client) SubmitExec(ctx context.Context, ref string, req operatorapi.ExecRequest, wait time.Duration) (operatorapi.ExecAccepted, *operatorapi.Exec, error) {
+	return c.submitExec(ctx, operatorapi.RouteWorkerExec, params{"id": ref}, req, wait)
+}
+
+// SubmitQueueExec is SubmitExec for any eligible member of req.Queue.
+func (c *Client) SubmitQueueExec(ctx context.Context, req operatorapi.ExecRequest, wait time.Duration) (operatorapi.ExecAccepted, *operatorapi.Exec, error) {
+	return c.submitExec(ctx, operatorapi.RouteQueueExec, nil, req, wait)
+}
+
+func (c *Client) submitExec(ctx context.Context, route string, p params, req operatorapi.ExecRequest, wait time.Duration) (operatorapi.ExecAccepted, *operatorapi.Exec, error) {
+	var acc operatorapi.ExecAccepted
+	q := url.Values{}
+	if wait > 0 {
+		q.Set("wait", fmt.Sprint(int64((wait+time.Second-1)/time.Second)))
+	}
+	resp, where, err := c.send(ctx, route, p, q, req)
+	if err != nil {
+		return acc, nil, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	if err := dec.Decode(&acc); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || ctx.Err() != nil {
+			return acc, nil, &TransportError{Method: where.method, URL: where.url, Err: err}
+		}
+		return acc, nil, fmt.Errorf("%s %s: decode response: %w", where.method, where.path, err)
+	}
+	if acc.ExecID == "" {
+		return acc, nil, fmt.Errorf("%s %s: the answer names no exec", where.method, where.path)
+	}
+	if wait <= 0 || !strings.HasPrefix(resp.Header.Get("Content-Type"), operatorapi.ContentTypeNDJSON) {
+		return acc, nil, nil
+	}
+	var ex operatorapi.Exec
+	if err := dec.Decode(&ex); err != nil {
+		// Accepted, but the wait was cut short: follow it with GetExec.
+		return acc, nil, nil
+	}
+	return acc, &ex, nil
+}
+
 // QueueExec submits a shell command to any eligible member of req.Queue
 // (RouteQueueExec).
 func (c *Client) QueueExec(ctx context.Context, req operatorapi.ExecRequest) (operatorapi.ExecAccepted, error) {
@@ -239,11 +285,40 @@ func routePath(route string, ns string, p params) (method, path string, err erro
 }
 
 func (c *Client) do(ctx context.Context, route string, p params, q url.Values, body, out any) error {
-	method, path, err := routePath(route, c.namespace, p)
+	resp, where, err := c.send(ctx, route, p, q, body)
 	if err != nil {
 		return err
 	}
-	target := c.base.String() + path
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return &TransportError{Method: where.method, URL: where.url, Err: err}
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decode response: %w", where.method, where.path, err)
+	}
+	return nil
+}
+
+// endpoint names a request in errors.
+type endpoint struct{ method, path, url string }
+
+// send makes one request and returns a response with a 2xx status, whose
+// body the caller closes; any other status becomes an *Error.
+func (c *Client) send(ctx context.Context, route string, p params, q url.Values, body any) (*http.Response, endpoint, error) {
+	method, path, err := routePath(route, c.namespace, p)
+	if err != nil {
+		return nil, endpoint{}, err
+	}
+	where := endpoint{method: method, path: path, url: c.base.String() + path}
+	target := where.url
 	if len(q) > 0 {
 		target += "?" + q.Encode()
 	}
@@ -251,13 +326,13 @@ func (c *Client) do(ctx context.Context, route string, p params, q url.Values, b
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return fmt.Errorf("encode %s body: %w", route, err)
+			return nil, where, fmt.Errorf("encode %s body: %w", route, err)
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, target, rd)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return nil, where, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
@@ -268,27 +343,13 @@ func (c *Client) do(ctx context.Context, route string, p params, q url.Values, b
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return &TransportError{Method: method, URL: c.base.String() + path, Err: err}
+		return nil, where, &TransportError{Method: method, URL: where.url, Err: err}
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return decodeError(method, path, resp)
+		defer resp.Body.Close()
+		return nil, where, decodeError(method, path, resp)
 	}
-	if out == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return &TransportError{Method: method, URL: c.base.String() + path, Err: err}
-	}
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("%s %s: decode response: %w", method, path, err)
-	}
-	return nil
+	return resp, where, nil
 }
 
 func decodeError(method, path string, resp *http.Response) error {

@@ -103,10 +103,23 @@ type ExecRequest struct {
 }
 
 // ExecAccepted answers an ExecRequest.
+//
+// With the query parameter wait=<seconds> (at most 20) the answer is two
+// JSON documents, one per line (application/x-ndjson): this one, flushed as
+// soon as the command is queued, then an Exec as RouteGetExec with offset 0
+// returns it, once the exec has finished or has output, or the wait has
+// passed (a state change alone does not end this wait). A client that loses the
+// connection after the first line knows the exec id and carries on with
+// RouteGetExec; a short command costs one request instead of two.
 type ExecAccepted struct {
 	ExecID   string `json:"execId"`
 	WorkerID string `json:"workerId"`
+	// Label is the worker's label, for messages about where the exec went.
+	Label string `json:"label,omitempty"`
 }
+
+// ContentTypeNDJSON is the content type of an exec submission with wait.
+const ContentTypeNDJSON = "application/x-ndjson"
 
 // Exec states.
 const (

@@ -1,6 +1,6 @@
 // Package outbox owns the daemon's durable results: run acks and exec result
-// callbacks. A result is written to a file under the workdir before it is
-// posted and removed once the control plane accepted it; a post that fails
+// callbacks. A result is written to a file under the workdir while its first
+// post is on the way, and removed once the control plane accepted it; a post that fails
 // for a reason worth retrying (transport error, timeout, 5xx, 429, 401/403)
 // is retried with jittered exponential backoff, and results left over by a
 // previous daemon process are posted when the outbox opens again.
@@ -128,7 +128,9 @@ func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outb
 		}
 		o.remember(rec.Key)
 		o.log.Info().Str("key", rec.Key).Msg("resuming a result stored by a previous run")
-		o.start(rec, full)
+		stored := make(chan string, 1)
+		stored <- full
+		o.start(rec, stored)
 	}
 	return o, nil
 }
@@ -170,12 +172,17 @@ func (o *Outbox) Submit(key, path string, body []byte) error {
 
 	rec := record{Key: key, Path: path, Body: body, At: messages.Epoch(time.Now().Unix())}
 	file := filepath.Join(o.dir, fileName(key))
+	// The post does not wait for the disk: it starts now, and the file is
+	// removed once both are done. A crash before the file is complete
+	// loses what a crash an instant before the result existed would.
+	stored := make(chan string, 1)
+	o.start(rec, stored)
 	werr := writeAtomic(file, rec)
 	if werr != nil {
 		o.log.Error().Err(werr).Str("key", key).Msg("result not stored on disk; posting from memory")
 		file = ""
 	}
-	o.start(rec, file)
+	stored <- file
 	return werr
 }
 
@@ -220,17 +227,20 @@ func (o *Outbox) remember(key string) {
 	}
 }
 
-func (o *Outbox) start(rec record, file string) {
+// start posts rec in the background. stored yields the file that holds
+// rec once it is written ("" when it could not be).
+func (o *Outbox) start(rec record, stored <-chan string) {
 	o.mu.Lock()
 	o.pending++
 	o.mu.Unlock()
 	o.wg.Add(1)
-	go o.deliver(rec, file)
+	go o.deliver(rec, stored)
 }
 
 // deliver posts one result until it is accepted, refused for good, or the
-// outbox is cancelled.
-func (o *Outbox) deliver(rec record, file string) {
+// outbox is cancelled; then it removes the stored file, if any, once it is
+// written. A cancelled delivery leaves the file for the next run.
+func (o *Outbox) deliver(rec record, stored <-chan string) {
 	defer o.wg.Done()
 	log := o.log.With().Str("key", rec.Key).Logger()
 	backoff := o.min
@@ -263,7 +273,7 @@ func (o *Outbox) deliver(rec record, file string) {
 			return
 		}
 	}
-	if file != "" {
+	if file := <-stored; file != "" {
 		if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.Error().Err(err).Msg("remove stored result")
 		}

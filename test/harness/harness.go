@@ -73,6 +73,8 @@ func BuildVersion(root, dir, version string) error {
 	ldflags := "-X nymph/buildinfo.Version=" + version
 	cmd := exec.Command("go", "build", "-ldflags", ldflags, "-o", dir+"/", "./cmd/lakeshore", "./cmd/nymph")
 	cmd.Dir = root
+	// Static, as make build makes them.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %w\n%s", err, out)
 	}
