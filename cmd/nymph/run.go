@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"nymph/actors"
 	otaactor "nymph/actors/ota"
 	"nymph/actors/poller"
@@ -24,6 +26,7 @@ import (
 	"nymph/messages"
 	"nymph/orphans"
 	"nymph/outbox"
+	"nymph/runners"
 	"nymph/uplink"
 )
 
@@ -56,14 +59,18 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if err := orphans.Mark(marker); err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
+	// Runners read the mark when they are made, to put it on containers
+	// and jobs: make them after Mark. Those live outside this process
+	// tree, so the sweep above cannot reach them; each runner ends its own.
+	registry := runnerRegistry(cfg.Runtime.Runners, cfg.Runners, log)
+	kinds := ordered(cfg.Runtime.Runners, slices.Sorted(maps.Keys(registry)))
+	reapLeftovers(ctx, kinds, registry, marker, log)
 
 	probe := hostinfo.New()
 	machineID, err := probe.MachineID(cfg.Daemon.MachineID)
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
-	registry := runnerRegistry(cfg.Runtime.Runners, cfg.Runners, log)
-	kinds := ordered(cfg.Runtime.Runners, slices.Sorted(maps.Keys(registry)))
 	if _, missing := available(kinds, cfg.Runners, exec.LookPath); len(missing) > 0 {
 		for _, k := range slices.Sorted(maps.Keys(missing)) {
 			log.Warn().Str("runner", k).Err(missing[k]).Msg("runner configured but its executable is missing; not advertised until it is found")
@@ -194,6 +201,40 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	}
 	log.Info().Msg("nymph stopped")
 	return nil
+}
+
+// leftoverReaper is a runner whose work can outlive a killed daemon outside
+// its process tree (a container, a SLURM job) and that can end what a
+// previous run of the daemon marked marker left behind.
+type leftoverReaper interface {
+	ReapLeftovers(ctx context.Context, marker string) (int, error)
+}
+
+// leftoverTimeout bounds each runner's start-up sweep, so an unreachable
+// engine or controller delays the start, never blocks it.
+const leftoverTimeout = 30 * time.Second
+
+// reapLeftovers has every runner in kinds that can, end the work a previous
+// run of this daemon left behind. Failures are logged: a runner's tool may
+// be missing on this host, and the daemon must start anyway.
+func reapLeftovers(ctx context.Context, kinds []string, registry map[string]runners.Runner, marker string, log zerolog.Logger) {
+	for _, k := range kinds {
+		r, ok := registry[k].(leftoverReaper)
+		if !ok {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, leftoverTimeout)
+		n, err := r.ReapLeftovers(rctx, marker)
+		cancel()
+		if err != nil {
+			log.Warn().Str("runner", k).Err(err).Msg("could not end all containers or jobs left by a previous run")
+		}
+		if n > 0 {
+			log.Warn().Str("runner", k).Int("count", n).Msg("ended containers or jobs left running by a previous run of this daemon")
+		} else if err == nil {
+			log.Info().Str("runner", k).Int("count", 0).Msg("no containers or jobs left by a previous run")
+		}
+	}
 }
 
 // ordered keeps the config's order of the kinds the registry has.

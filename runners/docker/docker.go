@@ -18,6 +18,13 @@
 // A timeout or a cancelled context stops the named container (`stop -t`
 // with the kill grace, then `kill` and `rm -f`) and waits until the CLI no longer
 // knows it, besides killing the CLI's own process group.
+//
+// A daemon killed outright cannot do that: its CLI dies with it, but the
+// container lives on under the engine (or podman's conmon), out of reach of
+// the daemon's process sweep. So every container carries the daemon's owner
+// mark (orphans.EnvVar, read at New, or WithOwner) as the OwnerLabel label,
+// and ReapLeftovers, called at the next start, removes the containers that
+// carry it.
 package docker
 
 import (
@@ -34,6 +41,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"nymph/orphans"
 	"nymph/runners"
 	"nymph/runners/procgroup"
 	"nymph/runners/protocol"
@@ -44,6 +52,10 @@ const Kind = "docker"
 
 // ContainerDir is where the scratch directory is mounted in the container.
 const ContainerDir = "/nymph"
+
+// OwnerLabel is the label naming the daemon that started a container; its
+// value is the daemon's owner mark.
+const OwnerLabel = "nymph.owner"
 
 // goneTimeout bounds the wait for a removed container to disappear.
 const goneTimeout = 30 * time.Second
@@ -57,6 +69,7 @@ type Runner struct {
 	runArgs    []string
 	shell      string
 	killGrace  time.Duration
+	owner      string
 }
 
 var _ runners.Runner = (*Runner)(nil)
@@ -115,9 +128,17 @@ func WithKind(kind string) Option {
 	}
 }
 
+// WithOwner sets the owner mark put on every container as its OwnerLabel
+// (default: the value of orphans.EnvVar when New is called). Empty means no
+// label, so no container of this runner is ever reaped.
+func WithOwner(marker string) Option {
+	return func(r *Runner) { r.owner = marker }
+}
+
 // New returns a docker runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
 	r := &Runner{
+		owner:     os.Getenv(orphans.EnvVar),
 		kind:      Kind,
 		cli:       "docker",
 		shell:     "/bin/sh",
@@ -198,6 +219,9 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	name := ContainerName(spec.InvocationID)
 	argv := append([]string{cli}, r.globalArgs...)
 	argv = append(argv, "run", "--rm", "-i", "--name", name)
+	if r.owner != "" {
+		argv = append(argv, "--label", OwnerLabel+"="+r.owner)
+	}
 	argv = append(argv, r.runArgs...)
 	argv = append(argv, "-v", files.Dir+":"+ContainerDir)
 	if spec.Workdir != "" {
@@ -256,6 +280,72 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	out := protocol.Collect(files, res, spec.Timeout)
 	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
 	return out, nil
+}
+
+// ReapLeftovers removes every container, running or not, whose OwnerLabel
+// is marker: the ones a previous run of the daemon with that mark left
+// behind. Containers with another owner or none are never touched. It
+// returns how many it removed; an empty marker removes nothing.
+func (r *Runner) ReapLeftovers(ctx context.Context, marker string) (int, error) {
+	if marker == "" {
+		return 0, nil
+	}
+	cli, err := exec.LookPath(r.cli)
+	if err != nil {
+		return 0, fmt.Errorf("%s runner: %w", r.kind, err)
+	}
+	left, err := r.owned(ctx, cli, marker)
+	if err != nil || len(left) == 0 {
+		return 0, err
+	}
+	seen := map[string]bool{}
+	pause := 20 * time.Millisecond
+	for {
+		for _, id := range left {
+			seen[id] = true
+		}
+		// As in remove: rm -f alone may wait for a stop timeout of its
+		// own. kill fails for a container that is not running, and one rm
+		// of several ids may skip the rest when one vanishes meanwhile
+		// (podman's cleanup of a --rm container): one rm per id, then
+		// list again.
+		_ = r.cmd(ctx, cli, append([]string{"kill"}, left...)...).Run()
+		var rmErrs []error
+		for _, id := range left {
+			if out, err := r.cmd(ctx, cli, "rm", "-f", id).CombinedOutput(); err != nil {
+				rmErrs = append(rmErrs, fmt.Errorf("rm %s: %w: %s", id, err, strings.TrimSpace(string(out))))
+			}
+		}
+		if left, err = r.owned(ctx, cli, marker); err != nil {
+			return 0, err
+		}
+		if len(left) == 0 {
+			return len(seen), nil
+		}
+		select {
+		case <-ctx.Done():
+			return len(seen) - len(left), fmt.Errorf("%s runner: %d containers labelled %s=%s left (%v): %w",
+				r.kind, len(left), OwnerLabel, marker, errors.Join(rmErrs...), ctx.Err())
+		case <-time.After(pause):
+		}
+		if pause < 500*time.Millisecond {
+			pause *= 2
+		}
+	}
+}
+
+// owned lists the full ids of the containers, running or not, whose
+// OwnerLabel is marker.
+func (r *Runner) owned(ctx context.Context, cli, marker string) ([]string, error) {
+	out, err := r.cmd(ctx, cli, "ps", "-a", "-q", "--no-trunc", "--filter", "label="+OwnerLabel+"="+marker).Output()
+	if err != nil {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			return nil, fmt.Errorf("%s runner: %s ps: %w: %s", r.kind, r.cli, err, strings.TrimSpace(string(exitErr.Stderr)))
+		}
+		return nil, fmt.Errorf("%s runner: %s ps: %w", r.kind, r.cli, err)
+	}
+	return strings.Fields(string(out)), nil
 }
 
 // remove stops (with the grace, when graceful) and removes the container,

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"nymph/messages"
 	"nymph/runners"
 	"nymph/runners/docker"
+	"nymph/runners/procgroup"
 	"nymph/runners/runnertest"
 	"nymph/test/realparts"
 )
@@ -92,5 +95,123 @@ func TestCancelRemovesContainer(t *testing.T) {
 	var exitErr *exec.ExitError
 	if !errors.As(err, &exitErr) {
 		t.Fatalf("container %s still exists after Run returned (inspect: %v)", docker.ContainerName(id), err)
+	}
+}
+
+// podman runs a podman subcommand with the flags that work here and
+// returns its trimmed output.
+func podman(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("podman", append(realparts.PodmanGlobalArgs(), args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for pause := 20 * time.Millisecond; !cond(); pause = min(2*pause, 500*time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not after %v", what, deadline)
+		}
+		time.Sleep(pause)
+	}
+}
+
+func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
+	image := realparts.PodmanImage(t)
+	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
+	marker := "nymph-test-" + stamp
+	r := docker.New(zerolog.New(zerolog.NewTestWriter(t)),
+		docker.WithCLI("podman"),
+		docker.WithGlobalArgs(realparts.PodmanGlobalArgs()...),
+		docker.WithRunArgs(realparts.PodmanRunArgs()...),
+		docker.WithKillGrace(500*time.Millisecond),
+		docker.WithOwner(marker))
+	owned := "label=" + docker.OwnerLabel + "=" + marker
+
+	// What a killed daemon leaves: a container its runner started, whose
+	// CLI died with the daemon (SIGKILL), and one created but never
+	// started.
+	id := "reap-" + stamp
+	name := docker.ContainerName(id)
+	var out runners.Outcome
+	var runErr error
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		out, runErr = r.Run(context.Background(), runners.Spec{
+			InvocationID: id, Script: "sleep 1000\n", Image: image, ScratchDir: t.TempDir(),
+		})
+	}()
+	t.Cleanup(func() {
+		// On an early failure: remove what is left, so Run returns.
+		_, _ = r.ReapLeftovers(context.Background(), marker)
+		<-finished
+	})
+	created := podman(t, "create", "--label", docker.OwnerLabel+"="+marker, image, "true")
+
+	// Containers of another daemon, and of no daemon at all.
+	var others []string
+	t.Cleanup(func() {
+		args := append(realparts.PodmanGlobalArgs(), "rm", "-f", "-t", "0")
+		_ = exec.Command("podman", append(args, others...)...).Run()
+	})
+	runArgs := append([]string{"run", "-d"}, realparts.PodmanRunArgs()...)
+	others = append(others, podman(t, append(runArgs, "--label", docker.OwnerLabel+"="+marker+"-other", image, "sleep", "1000")...))
+	others = append(others, podman(t, append(runArgs, image, "sleep", "1000")...))
+
+	waitFor(t, "invocation container running", time.Minute, func() bool {
+		return podman(t, "ps", "-q", "--filter", owned, "--filter", "name="+name) != ""
+	})
+	clients, err := procgroup.WithCmdline("run\x00--rm\x00-i\x00--name\x00" + name + "\x00")
+	if err != nil || len(clients) == 0 {
+		t.Fatalf("podman run client of %s: %v %v", name, clients, err)
+	}
+	for _, pid := range clients {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	select {
+	case <-finished:
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return after its CLI was killed")
+	}
+	if runErr != nil || out.State == messages.StateSucceeded {
+		t.Fatalf("run whose CLI was killed: outcome %+v error %v", out, runErr)
+	}
+	if state := podman(t, "container", "inspect", "--format", "{{.State.Status}}", name); state != "running" {
+		t.Fatalf("container %s is %q once its CLI is gone, want running (the leftover this test is about)", name, state)
+	}
+
+	n, err := r.ReapLeftovers(context.Background(), marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("removed %d containers, want 2", n)
+	}
+	if left := podman(t, "ps", "-a", "-q", "--filter", owned); left != "" {
+		t.Fatalf("containers labelled %s left: %s", marker, left)
+	}
+	for _, c := range []string{name, created} {
+		if exec.Command("podman", append(realparts.PodmanGlobalArgs(), "container", "exists", c)...).Run() == nil {
+			t.Fatalf("container %s still exists", c)
+		}
+	}
+	for _, c := range others {
+		if state := podman(t, "container", "inspect", "--format", "{{.State.Status}}", c); state != "running" {
+			t.Fatalf("container %s of another owner is %q, want running", c, state)
+		}
+	}
+}
+
+func TestReapLeftoversWithoutMarker(t *testing.T) {
+	// No mark, no sweep: not even the CLI is looked for.
+	r := docker.New(zerolog.Nop(), docker.WithCLI("/nonexistent/podman"), docker.WithOwner(""))
+	if n, err := r.ReapLeftovers(context.Background(), ""); n != 0 || err != nil {
+		t.Fatalf("ReapLeftovers with no marker = %d, %v", n, err)
 	}
 }

@@ -22,6 +22,8 @@
 // docker.WithRunArgs("--runtime=runsc"); for podman,
 // docker.WithGlobalArgs("--runtime", "/usr/bin/runsc", "--runtime-flag",
 // "network=none", ...), since runsc refuses podman's root network namespace.
+// Those containers carry the daemon's owner label like the docker runner's,
+// and ReapLeftovers removes the ones a killed daemon left behind.
 package gvisor
 
 import (
@@ -187,7 +189,7 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	if err != nil {
 		return runners.Outcome{}, fmt.Errorf("gvisor runner: %w", err)
 	}
-	if err := reapLeftovers(state); err != nil {
+	if err := reapSandbox(state); err != nil {
 		log.Error().Err(err).Msg("sandbox processes left behind")
 	}
 	out := protocol.Collect(files, res, spec.Timeout)
@@ -195,10 +197,20 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	return out, nil
 }
 
-// reapLeftovers kills any sandbox or gofer process still naming the state
+// ReapLeftovers removes the containers of image runs that a previous run
+// of the daemon marked marker left behind (see docker.Runner.ReapLeftovers).
+// Without a container runner there is nothing to remove.
+func (r *Runner) ReapLeftovers(ctx context.Context, marker string) (int, error) {
+	if r.containers == nil {
+		return 0, nil
+	}
+	return r.containers.ReapLeftovers(ctx, marker)
+}
+
+// reapSandbox kills any sandbox or gofer process still naming the state
 // directory (the sandbox runs in a session of its own, outside runsc's
 // process group) and waits until none is left.
-func reapLeftovers(state string) error {
+func reapSandbox(state string) error {
 	deadline := time.Now().Add(leftoverTimeout)
 	pause := 5 * time.Millisecond
 	for {
