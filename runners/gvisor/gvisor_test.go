@@ -2,6 +2,8 @@ package gvisor_test
 
 import (
 	"context"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,17 +19,17 @@ import (
 	"nymph/test/realparts"
 )
 
-func newRunner(t *testing.T, runsc string) *gvisor.Runner {
+func newRunner(t *testing.T, runsc string, opts ...docker.Option) *gvisor.Runner {
 	log := zerolog.New(zerolog.NewTestWriter(t))
 	global := append([]string{"--runtime", runsc, "--runtime-flag", "network=none"}, realparts.PodmanGlobalArgs()...)
 	// The later --runtime wins; drop the runc one realparts suggests.
 	global = withoutRuntime(global[4:], global[:4])
-	containers := docker.New(log,
+	containers := docker.New(log, append([]docker.Option{
 		docker.WithKind(gvisor.Kind),
 		docker.WithCLI("podman"),
 		docker.WithGlobalArgs(global...),
 		docker.WithRunArgs(realparts.PodmanRunArgs()...),
-		docker.WithKillGrace(500*time.Millisecond))
+		docker.WithKillGrace(500 * time.Millisecond)}, opts...)...)
 	return gvisor.New(log, gvisor.WithRunsc(runsc), gvisor.WithKillGrace(500*time.Millisecond),
 		gvisor.WithContainerRunner(containers))
 }
@@ -99,5 +101,84 @@ func TestImageWithoutContainerRunner(t *testing.T) {
 	}
 	if out.State != messages.StateFailed || !strings.Contains(out.Error.Message, "run_config.image") {
 		t.Fatalf("outcome %+v", out)
+	}
+}
+
+// podman runs a podman subcommand with the flags that work here and
+// returns its trimmed output.
+func podman(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("podman", append(realparts.PodmanGlobalArgs(), args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func TestReapLeftoversRemovesOwnImageContainers(t *testing.T) {
+	runsc := realparts.Runsc(t)
+	image := realparts.PodmanImage(t)
+	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
+	marker := "nymph-test-" + stamp
+	r := newRunner(t, runsc, docker.WithOwner(marker))
+
+	id := "reap-" + stamp
+	name := docker.ContainerName(id)
+	var out runners.Outcome
+	var runErr error
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		out, runErr = r.Run(context.Background(), runners.Spec{
+			InvocationID: id, Script: "sleep 1000\n", Image: image, ScratchDir: t.TempDir(),
+		})
+	}()
+	t.Cleanup(func() {
+		// On an early failure: remove what is left, so Run returns.
+		_, _ = r.ReapLeftovers(context.Background(), marker)
+		<-finished
+	})
+	// Another daemon's container (runc is enough to prove it is spared).
+	other := podman(t, append(append([]string{"run", "-d"}, realparts.PodmanRunArgs()...),
+		"--label", docker.OwnerLabel+"="+marker+"-other", image, "sleep", "1000")...)
+	t.Cleanup(func() {
+		_ = exec.Command("podman", append(realparts.PodmanGlobalArgs(), "rm", "-f", "-t", "0", other)...).Run()
+	})
+
+	owned := "label=" + docker.OwnerLabel + "=" + marker
+	end := time.Now().Add(time.Minute)
+	for pause := 20 * time.Millisecond; podman(t, "ps", "-q", "--filter", owned, "--filter", "name="+name) == ""; pause = min(2*pause, 500*time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("container %s labelled %s not running after a minute", name, marker)
+		}
+		time.Sleep(pause)
+	}
+	n, err := r.ReapLeftovers(context.Background(), marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("removed %d containers, want 1", n)
+	}
+	select {
+	case <-finished:
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return after its container was removed")
+	}
+	if runErr != nil || out.State == messages.StateSucceeded {
+		t.Fatalf("run of a removed container: outcome %+v error %v", out, runErr)
+	}
+	if left := podman(t, "ps", "-a", "-q", "--filter", owned); left != "" {
+		t.Fatalf("containers labelled %s left: %s", marker, left)
+	}
+	if state := podman(t, "container", "inspect", "--format", "{{.State.Status}}", other); state != "running" {
+		t.Fatalf("container %s of another owner is %q, want running", other, state)
+	}
+}
+
+func TestReapLeftoversWithoutContainerRunner(t *testing.T) {
+	r := gvisor.New(zerolog.Nop())
+	if n, err := r.ReapLeftovers(context.Background(), "nymph-test"); n != 0 || err != nil {
+		t.Fatalf("ReapLeftovers without a container runner = %d, %v", n, err)
 	}
 }

@@ -18,6 +18,14 @@
 // srun's own process group, and waits until squeue no longer lists the job.
 // A job whose processes ignore SIGTERM therefore takes KillWait and
 // slurmd's own completion polling (seconds) to go.
+//
+// A daemon killed outright cannot cancel anything, and its srun may die
+// while the job lives on. So every job carries the daemon's owner mark
+// (orphans.EnvVar, read at New, or WithOwner) in its comment, as
+// "<mark>@<host>": the mark comes from the workdir path, which daemons on
+// the login nodes of one cluster may well share, so the host keeps one
+// daemon from cancelling another's jobs. ReapLeftovers, called at the next
+// start, cancels this user's jobs that carry the comment.
 package slurm
 
 import (
@@ -27,11 +35,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"nymph/orphans"
 	"nymph/runners"
 	"nymph/runners/procgroup"
 	"nymph/runners/protocol"
@@ -52,6 +62,8 @@ type Runner struct {
 	killGrace time.Duration
 	bash      string
 	runuser   string
+	owner     string
+	host      string
 }
 
 var _ runners.Runner = (*Runner)(nil)
@@ -94,9 +106,20 @@ func WithKillGrace(d time.Duration) Option {
 	}
 }
 
+// WithOwner sets the owner mark put in every job's comment (default: the
+// value of orphans.EnvVar when New is called). Empty means no comment, so
+// no job of this runner is ever reaped.
+func WithOwner(marker string) Option {
+	return func(r *Runner) { r.owner = marker }
+}
+
 // New returns a slurm runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
+	// Without a host name the comment is the mark alone.
+	host, _ := os.Hostname()
 	r := &Runner{
+		owner:     os.Getenv(orphans.EnvVar),
+		host:      host,
 		log:       log.With().Str("runner", Kind).Logger(),
 		env:       map[string]string{},
 		killGrace: procgroup.DefaultKillGrace,
@@ -111,6 +134,15 @@ func New(log zerolog.Logger, opts ...Option) *Runner {
 
 // Kind implements runners.Runner.
 func (r *Runner) Kind() string { return Kind }
+
+// comment is the job comment that marks a job of the daemon marked marker
+// on this host.
+func (r *Runner) comment(marker string) string {
+	if r.host == "" {
+		return marker
+	}
+	return marker + "@" + r.host
+}
 
 // JobName is the SLURM job name of an invocation.
 func JobName(invocationID string) string {
@@ -170,6 +202,9 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	name := JobName(spec.InvocationID)
 	workdir := protocol.Workdir(spec)
 	argv := []string{srun, "--job-name=" + name, "--ntasks=1", "--chdir=" + workdir, "--quiet"}
+	if r.owner != "" {
+		argv = append(argv, "--comment="+r.comment(r.owner))
+	}
 	argv = append(argv, r.srunArgs...)
 	argv = append(argv, command...)
 
@@ -203,6 +238,49 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	out := protocol.Collect(files, res, spec.Timeout)
 	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
 	return out, nil
+}
+
+// ReapLeftovers cancels this user's jobs whose comment marks them as
+// started on this host by a daemon marked marker: the ones a previous run
+// of that daemon left behind. Other jobs are never touched. It returns how
+// many jobs it cancelled; SLURM ends them asynchronously (SIGTERM, then
+// SIGKILL after the cluster's KillWait), and a job already completing is
+// left to finish. An empty marker cancels nothing.
+func (r *Runner) ReapLeftovers(ctx context.Context, marker string) (int, error) {
+	if marker == "" {
+		return 0, nil
+	}
+	scancel, squeue, err := r.tools()
+	if err != nil {
+		return 0, fmt.Errorf("slurm runner: %w", err)
+	}
+	out, err := r.cmd(ctx, squeue, "--noheader", "--user="+strconv.Itoa(os.Getuid()), "--format=%i|%T|%k").Output()
+	if err != nil {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			return 0, fmt.Errorf("slurm runner: squeue: %w: %s", err, strings.TrimSpace(string(exitErr.Stderr)))
+		}
+		return 0, fmt.Errorf("slurm runner: squeue: %w", err)
+	}
+	want := r.comment(marker)
+	var errs []error
+	cancelled := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		id, rest, _ := strings.Cut(strings.TrimSpace(line), "|")
+		state, comment, _ := strings.Cut(rest, "|")
+		if id == "" || comment != want || state == "COMPLETING" {
+			continue
+		}
+		if out, err := r.cmd(ctx, scancel, id).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("scancel %s: %w: %s", id, err, strings.TrimSpace(string(out))))
+			continue
+		}
+		cancelled++
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cancelled, fmt.Errorf("slurm runner: %w", err)
+	}
+	return cancelled, nil
 }
 
 // stopJob is the first response to a timeout or cancellation, while srun

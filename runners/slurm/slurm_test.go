@@ -2,6 +2,9 @@ package slurm_test
 
 import (
 	"context"
+	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,11 +18,11 @@ import (
 	"nymph/test/realparts"
 )
 
-func newRunner(t *testing.T, cluster *realparts.Slurm) *slurm.Runner {
-	return slurm.New(zerolog.New(zerolog.NewTestWriter(t)),
+func newRunner(t *testing.T, cluster *realparts.Slurm, opts ...slurm.Option) *slurm.Runner {
+	return slurm.New(zerolog.New(zerolog.NewTestWriter(t)), append([]slurm.Option{
 		slurm.WithEnv(cluster.Env()...),
-		slurm.WithSrunArgs("--partition="+cluster.Partition),
-		slurm.WithKillGrace(500*time.Millisecond))
+		slurm.WithSrunArgs("--partition=" + cluster.Partition),
+		slurm.WithKillGrace(500 * time.Millisecond)}, opts...)...)
 }
 
 func TestConformance(t *testing.T) {
@@ -71,5 +74,120 @@ func runTimeout(t *testing.T, cluster *realparts.Slurm) {
 	}
 	if strings.TrimSpace(string(q)) != "" {
 		t.Fatalf("job still listed: %s", q)
+	}
+}
+
+// jobs lists the cluster's jobs as "id|comment" lines.
+func jobs(t *testing.T, cluster *realparts.Slurm) []string {
+	t.Helper()
+	out, err := cluster.Command(context.Background(), "squeue", "--noheader", "--format=%i|%k").CombinedOutput()
+	if err != nil {
+		t.Fatalf("squeue: %v %s", err, out)
+	}
+	return strings.Fields(string(out))
+}
+
+func TestReapLeftoversCancelsOnlyOwnJobs(t *testing.T) {
+	cluster := realparts.StartSlurm(t)
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := "nymph-test-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	r := newRunner(t, cluster, slurm.WithOwner(marker))
+	own := marker + "@" + host
+
+	// What a killed daemon leaves: a job its runner started, and one whose
+	// srun is gone (a batch job carries the same comment).
+	var out runners.Outcome
+	var runErr error
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		out, runErr = r.Run(context.Background(), runners.Spec{
+			InvocationID: "reap-job", ScratchDir: t.TempDir(), Script: "sleep 1000\n",
+		})
+	}()
+	t.Cleanup(func() {
+		// On an early failure: cancel what is left, so Run returns.
+		_, _ = r.ReapLeftovers(context.Background(), marker)
+		<-finished
+	})
+	// Submitted first: the one-node cluster runs two jobs at a time.
+	end := time.Now().Add(time.Minute)
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		q, err := cluster.Command(context.Background(), "squeue", "--noheader", "--states=RUNNING",
+			"--name="+slurm.JobName("reap-job"), "--format=%k").CombinedOutput()
+		if err != nil {
+			t.Fatalf("squeue: %v %s", err, q)
+		}
+		if strings.TrimSpace(string(q)) == own {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("job %s with comment %s not running after a minute (squeue: %q)", slurm.JobName("reap-job"), own, q)
+		}
+		time.Sleep(pause)
+	}
+
+	sbatch := func(comment string) string {
+		args := []string{"--parsable", "--job-name=reap-other", "--output=/dev/null", "--wrap=sleep 1000"}
+		if comment != "" {
+			args = append(args, "--comment="+comment)
+		}
+		b, err := cluster.Command(context.Background(), "sbatch", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("sbatch: %v %s", err, b)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	sbatch(own)
+	// Jobs of another daemon on this host, of the same workdir's daemon on
+	// another host, and of no daemon.
+	others := []string{sbatch(marker + "-other@" + host), sbatch(marker + "@elsewhere"), sbatch("")}
+
+	n, err := r.ReapLeftovers(context.Background(), marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("cancelled %d jobs, want 2 (squeue: %v)", n, jobs(t, cluster))
+	}
+	select {
+	case <-finished:
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return after its job was cancelled")
+	}
+	if runErr != nil || out.State == messages.StateSucceeded {
+		t.Fatalf("run of a cancelled job: outcome %+v error %v", out, runErr)
+	}
+	end = time.Now().Add(time.Minute)
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		listed := jobs(t, cluster)
+		ownLeft := slices.ContainsFunc(listed, func(l string) bool { return strings.HasSuffix(l, "|"+own) })
+		if !ownLeft {
+			for _, id := range others {
+				if !slices.ContainsFunc(listed, func(l string) bool { return strings.HasPrefix(l, id+"|") }) {
+					t.Fatalf("job %s of another owner is gone (squeue: %v)", id, listed)
+				}
+			}
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("jobs with comment %s still listed after a minute: %v", own, listed)
+		}
+		time.Sleep(pause)
+	}
+	b, err := cluster.Command(context.Background(), "scancel", others...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("scancel: %v %s", err, b)
+	}
+}
+
+func TestReapLeftoversWithoutMarker(t *testing.T) {
+	// No mark, no sweep: not even squeue is looked for.
+	r := slurm.New(zerolog.Nop(), slurm.WithBinDir("/nonexistent"), slurm.WithOwner(""))
+	if n, err := r.ReapLeftovers(context.Background(), ""); n != 0 || err != nil {
+		t.Fatalf("ReapLeftovers with no marker = %d, %v", n, err)
 	}
 }
