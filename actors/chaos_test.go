@@ -90,10 +90,14 @@ func TestChaos(t *testing.T) {
 				return nil
 			}
 			id := ids[rng.IntN(len(ids))]
-			if kind == ledger.Exec {
-				return h.d.PID(actors.ExecsName, execs.ChildName(id))
+			parent, child := h.d.Child(actors.ExecsName), execs.ChildName(id)
+			if kind != ledger.Exec {
+				parent, child = h.d.Child(actors.InvocationsName), invocations.ChildName(id)
 			}
-			return h.d.PID(actors.InvocationsName, invocations.ChildName(id))
+			if parent == nil {
+				return nil
+			}
+			return actor.NewPID(parent.Address, parent.Id+"/"+child)
 		}
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
@@ -104,15 +108,16 @@ func TestChaos(t *testing.T) {
 			case <-tick.C:
 			}
 			var pid *actor.PID
+			isParent := false
 			switch rng.IntN(10) {
 			case 0:
-				pid = h.d.PID(actors.PollerName)
+				pid = h.d.Child(actors.PollerName)
 			case 1:
-				pid = h.d.PID(actors.SetupName)
+				pid = h.d.Child(actors.SetupName)
 			case 2:
-				pid = h.d.PID(actors.ExecsName)
+				pid, isParent = h.d.Child(actors.ExecsName), true
 			case 3:
-				pid = h.d.PID(actors.InvocationsName)
+				pid, isParent = h.d.Child(actors.InvocationsName), true
 			case 4, 5, 6, 7:
 				pid = randomChild(ledger.Exec)
 			default:
@@ -123,7 +128,7 @@ func TestChaos(t *testing.T) {
 			}
 			// Parents are hit rarely: a parent crash takes all its
 			// children with it, and some work should also succeed.
-			if (pid.Id == actors.RootName+"/"+actors.ExecsName || pid.Id == actors.RootName+"/"+actors.InvocationsName) && rng.IntN(4) != 0 {
+			if isParent && rng.IntN(4) != 0 {
 				continue
 			}
 			if rng.IntN(3) == 0 {
@@ -300,7 +305,7 @@ func TestRepeatedCrashesEscalate(t *testing.T) {
 	h.exec("victim", "sleep 30")
 	eventually(t, 10*time.Second, "running", func() bool { return h.d.Ledger().Active() == 1 })
 	for range 3 {
-		h.d.System().Root.Send(h.d.PID(actors.PollerName), &poison{})
+		h.d.System().Root.Send(h.d.Child(actors.PollerName), &poison{})
 	}
 	err := h.wait(20 * time.Second)
 	if err == nil || !strings.Contains(err.Error(), "crashed 3 times") {

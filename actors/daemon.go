@@ -7,11 +7,14 @@
 //	├── invocations   one child per run (package invocations)
 //	└── …             extra children added with WithChild (OTA, keys)
 //
-// The root restarts a crashed child and respawns a stopped one; a child that
+// The root restarts a crashed child and respawns a stopped one, under a
+// name of its own ("poller~2"; Child finds the current one); a child that
 // crashes more than MaxRestarts times within RestartWindow escalates: the
 // daemon stops with an error and exits non-zero, for the service manager to
 // restart it fresh. The root also routes the commands the poller decodes,
-// wakes the poller when a job ends, and runs the shutdown: Shutdown{grace}
+// takes every job's end notice (jobs outlive their parent's incarnation,
+// so they report to the root, which passes the notice to the current
+// parent) and wakes the poller then, and runs the shutdown: Shutdown{grace}
 // stops polling and lets running work finish; a scheduler timer sends
 // GraceExpired, after which running work is killed and reported; when
 // nothing is left the root stops itself, and Done is closed.
@@ -162,6 +165,7 @@ type Daemon struct {
 
 	mu      sync.Mutex
 	rootPID *actor.PID
+	kids    map[string]*actor.PID
 	done    chan struct{}
 	err     error
 }
@@ -228,11 +232,13 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 		Shell: &execs.Shell{Workdir: s.Workdir, KillGrace: s.KillGrace, Namespace: s.Namespace, BaseEnv: d.BaseEnv,
 			Server: d.Server, Log: d.Log.With().Str("actor", ExecsName).Logger()},
 		Results: d.Results, Log: d.Log.With().Str("actor", ExecsName).Logger(), Jobs: &dm.jobs, PropsOptions: o.propsOpts,
+		Finished: dm.system.NewLocalPID(RootName),
 	}
 	dm.invocationsDeps = &invocations.Deps{
 		Ledger: dm.ledger, Runners: d.Runners, DefaultRunner: s.DefaultRunner, Workdir: s.Workdir,
 		Acks: d.Results, WorkerID: dm.state.WorkerID, Payloads: d.Server, Namespace: s.Namespace,
 		Log: d.Log.With().Str("actor", InvocationsName).Logger(), Jobs: &dm.jobs, PropsOptions: o.propsOpts,
+		Finished: dm.system.NewLocalPID(RootName),
 	}
 	return dm, nil
 }
@@ -319,13 +325,37 @@ func (d *Daemon) setErr(err error) {
 func (d *Daemon) System() *actor.ActorSystem { return d.system }
 
 // PID addresses an actor of the tree by its path under the root, for
-// example PID(ExecsName, execs.ChildName(id)).
+// example PID(ExecsName, execs.ChildName(id)), as first spawned; Child
+// follows a respawned child.
 func (d *Daemon) PID(path ...string) *actor.PID {
 	id := RootName
 	for _, p := range path {
 		id += "/" + p
 	}
 	return d.system.NewLocalPID(id)
+}
+
+// Child is the current incarnation of one of the root's children
+// (PollerName, SetupName, ExecsName, InvocationsName or an extra), or nil
+// while it is being replaced. A respawned child has a name of its own, so
+// this, not PID, finds it.
+func (d *Daemon) Child(name string) *actor.PID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.kids[name]
+}
+
+func (d *Daemon) setChild(name string, pid *actor.PID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.kids == nil {
+		d.kids = map[string]*actor.PID{}
+	}
+	if pid == nil {
+		delete(d.kids, name)
+		return
+	}
+	d.kids[name] = pid
 }
 
 // Ledger is the job bookkeeping (read-only use outside the tree).

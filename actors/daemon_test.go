@@ -3,15 +3,15 @@ package actors_test
 import (
 	"errors"
 	"net/http"
-	"sync/atomic"
-
-	"github.com/asynkron/protoactor-go/actor"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
 
 	"nymph/actors"
 	"nymph/actors/poller"
@@ -563,5 +563,24 @@ func TestPollUnauthorizedSaysHelloAgain(t *testing.T) {
 	}
 	if n := hellos.Load(); n != 2 {
 		t.Fatalf("hellos = %d, want 2", n)
+	}
+}
+
+// A Terminated naming a child that is alive (a stale or forged notice) does
+// not make the root drop it: the work that child serves still runs, and no
+// second setup actor is started beside it.
+func TestStaleTerminatedKeepsTheLiveChild(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	live := h.d.Child(actors.SetupName)
+	h.d.System().Root.Send(h.d.PID(), &actor.Terminated{Who: live})
+	out := filepath.Join(h.workdir, "ran")
+	h.cp.QueueSetup(messages.Setup{Script: "echo yes > " + out, Name: ptr("after")})
+	eventually(t, 15*time.Second, "the setup ran", func() bool {
+		b, _ := os.ReadFile(out)
+		return string(b) == "yes\n"
+	})
+	if now := h.d.Child(actors.SetupName); now == nil || now.Id != live.Id {
+		t.Fatalf("setup actor %v replaced by %v", live, now)
 	}
 }

@@ -20,11 +20,17 @@ type hardStop struct{}
 // root is the supervisor. It implements actor.SupervisorStrategy itself so
 // that supervision decisions can see its state.
 type root struct {
-	d      *Daemon
-	self   *actor.PID
-	sys    *actor.ActorSystem
-	sched  *scheduler.TimerScheduler
-	kids   map[string]*actor.PID
+	d     *Daemon
+	self  *actor.PID
+	sys   *actor.ActorSystem
+	sched *scheduler.TimerScheduler
+	kids  map[string]*actor.PID
+	// born counts the incarnations of each child. A respawned child gets
+	// a name of its own ("poller~2"): protoactor registers a new actor
+	// under its name before its mailbox is ready, and a goroutine of the
+	// previous incarnation still sending to the old name would reach,
+	// and race with, that half-built mailbox.
+	born   map[string]int
 	props  map[string]*actor.Props
 	order  []string
 	routes map[string]string
@@ -38,7 +44,7 @@ type root struct {
 var _ actor.SupervisorStrategy = (*root)(nil)
 
 func newRoot(d *Daemon) *root {
-	r := &root{d: d, kids: map[string]*actor.PID{}, props: map[string]*actor.Props{}, routes: map[string]string{}}
+	r := &root{d: d, kids: map[string]*actor.PID{}, born: map[string]int{}, props: map[string]*actor.Props{}, routes: map[string]string{}}
 	add := func(name string, p *actor.Props) {
 		r.props[name] = p
 		r.order = append(r.order, name)
@@ -70,6 +76,20 @@ func (r *root) Receive(ctx actor.Context) {
 	case *messages.Dispatch:
 		r.route(ctx, m)
 	case *messages.ExecFinished, *messages.RunFinished, *messages.SetupFinished:
+		// Jobs report here, not to their parent, whose incarnation may
+		// have changed since they started; the current one retires the
+		// finished child.
+		switch m.(type) {
+		case *messages.ExecFinished:
+			r.send(ctx, ExecsName, m)
+		case *messages.RunFinished:
+			r.send(ctx, InvocationsName, m)
+		case *messages.SetupFinished:
+			// A setup-queue actor that started while an earlier
+			// incarnation's setup was still winding down found the queue
+			// busy: this is its cue to go on.
+			r.send(ctx, SetupName, &messages.Queued{})
+		}
 		r.send(ctx, PollerName, &messages.Wake{})
 		r.checkDone(ctx)
 	case *poller.TargetVersion:
@@ -108,12 +128,18 @@ func (r *root) Receive(ctx actor.Context) {
 }
 
 func (r *root) spawn(ctx actor.Context, name string) {
-	pid, err := ctx.SpawnNamed(r.props[name], name)
+	r.born[name]++
+	actorName := name
+	if n := r.born[name]; n > 1 {
+		actorName = fmt.Sprintf("%s~%d", name, n)
+	}
+	pid, err := ctx.SpawnNamed(r.props[name], actorName)
 	if err != nil {
 		r.d.log.Error().Err(err).Str("child", name).Msg("cannot spawn child")
 		return
 	}
 	r.kids[name] = pid
+	r.d.setChild(name, pid)
 }
 
 func (r *root) send(ctx actor.Context, name string, msg any) {
@@ -129,7 +155,15 @@ func (r *root) childGone(ctx actor.Context, who *actor.PID) {
 		if !pid.Equal(who) {
 			continue
 		}
+		// A terminated actor leaves the registry before its Terminated
+		// is sent: one naming an actor still registered is a stale or
+		// forged notice, and acting on it would leave the live child
+		// without its place in the tree.
+		if _, alive := r.sys.ProcessRegistry.Get(pid); alive {
+			break
+		}
 		delete(r.kids, name)
+		r.d.setChild(name, nil)
 		if r.shutting {
 			break
 		}

@@ -46,6 +46,11 @@ type Deps struct {
 	Jobs *sync.WaitGroup
 	// PropsOptions are added to every actor this package spawns.
 	PropsOptions []actor.PropsOption
+	// Finished receives an ExecFinished for every reported exec: the
+	// daemon's root, which outlives every incarnation of the parent here
+	// (a respawned parent has a new name, so a notice sent to the old one
+	// would be lost) and passes the notice on to the current parent.
+	Finished *actor.PID
 }
 
 // Props returns the props of the execs parent.
@@ -80,7 +85,6 @@ func (p *parent) Receive(ctx actor.Context) {
 			delete(p.children, m.ExecID)
 			ctx.Stop(pid)
 		}
-		ctx.Send(ctx.Parent(), m)
 	case *messages.Cancel:
 		if m.ExecID != nil {
 			p.abort(ctx, *m.ExecID, ReasonCancelled, false)
@@ -142,12 +146,12 @@ func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
 		return
 	}
 	res := &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason}
-	sys, self := ctx.ActorSystem(), ctx.Self()
+	sys := ctx.ActorSystem()
 	// Storing the result touches the disk: not inside Receive.
 	p.d.Jobs.Add(1)
 	go func() {
 		defer p.d.Jobs.Done()
-		p.d.report(sys, self, id, res)
+		p.d.report(sys, id, res)
 	}()
 }
 
@@ -168,7 +172,7 @@ func (c *child) Receive(ctx actor.Context) {
 		}
 		body, _ := e.Body.(*messages.Exec)
 		c.g = NewGroup(c.d.Shell.KillGrace)
-		g, sys, parent, id := c.g, ctx.ActorSystem(), ctx.Parent(), c.id
+		g, sys, id := c.g, ctx.ActorSystem(), c.id
 		c.d.Jobs.Add(1)
 		go func() {
 			defer c.d.Jobs.Done()
@@ -179,7 +183,7 @@ func (c *child) Receive(ctx actor.Context) {
 			} else {
 				res = c.d.Shell.Run(g, body)
 			}
-			c.d.report(sys, parent, id, res)
+			c.d.report(sys, id, res)
 		}()
 	case *messages.Abort:
 		if c.g != nil {
@@ -196,8 +200,8 @@ func (c *child) Receive(ctx actor.Context) {
 	}
 }
 
-// report hands a result over exactly once and tells the parent.
-func (d *Deps) report(sys *actor.ActorSystem, parent *actor.PID, id string, res *messages.ExecResult) {
+// report hands a result over exactly once and tells the root.
+func (d *Deps) report(sys *actor.ActorSystem, id string, res *messages.ExecResult) {
 	if !d.Ledger.Complete(ledger.Exec, id) {
 		d.Log.Warn().Str("exec_id", id).Msg("exec already reported; duplicate result dropped")
 		return
@@ -210,5 +214,5 @@ func (d *Deps) report(sys *actor.ActorSystem, parent *actor.PID, id string, res 
 	if err := d.Results.ExecResult(id, res); err != nil {
 		d.Log.Error().Err(err).Str("exec_id", id).Msg("exec result not stored")
 	}
-	sys.Root.Send(parent, &messages.ExecFinished{ExecID: id})
+	sys.Root.Send(d.Finished, &messages.ExecFinished{ExecID: id})
 }

@@ -61,6 +61,10 @@ type Deps struct {
 	Jobs      *sync.WaitGroup
 	// PropsOptions are added to every actor this package spawns.
 	PropsOptions []actor.PropsOption
+	// Finished receives a RunFinished for every acked run: the daemon's
+	// root, which outlives every incarnation of the parent here and passes
+	// the notice on to the current one.
+	Finished *actor.PID
 }
 
 // Props returns the props of the invocations parent.
@@ -92,7 +96,6 @@ func (p *parent) Receive(ctx actor.Context) {
 			delete(p.children, m.InvocationID)
 			ctx.Stop(pid)
 		}
-		ctx.Send(ctx.Parent(), m)
 	case *messages.Cancel:
 		if m.InvocationID != nil {
 			p.abort(ctx, *m.InvocationID, ReasonCancelled)
@@ -153,11 +156,11 @@ func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
 	}
 	ack := &messages.Ack{InvocationID: id, State: messages.StateKilled,
 		Error: &messages.AckError{Type: messages.ErrorTypeCancelled, Message: reason}}
-	sys, self := ctx.ActorSystem(), ctx.Self()
+	sys := ctx.ActorSystem()
 	p.d.Jobs.Add(1)
 	go func() {
 		defer p.d.Jobs.Done()
-		p.d.report(sys, self, ack)
+		p.d.report(sys, ack)
 	}()
 }
 
@@ -177,7 +180,7 @@ func (c *child) Receive(ctx actor.Context) {
 		body, _ := e.Body.(*messages.Run)
 		runCtx, cancel := context.WithCancelCause(context.Background())
 		c.cancel = cancel
-		sys, parent := ctx.ActorSystem(), ctx.Parent()
+		sys := ctx.ActorSystem()
 		c.d.Jobs.Add(1)
 		go func() {
 			defer c.d.Jobs.Done()
@@ -188,7 +191,7 @@ func (c *child) Receive(ctx actor.Context) {
 			} else {
 				ack = c.d.execute(runCtx, body, e.Tail)
 			}
-			c.d.report(sys, parent, ack)
+			c.d.report(sys, ack)
 		}()
 	case *messages.Abort:
 		c.stop(m.Reason)
@@ -270,8 +273,8 @@ func (d *Deps) execute(ctx context.Context, r *messages.Run, tail *ledger.Tail) 
 	return ack
 }
 
-// report hands an ack over exactly once and tells the parent.
-func (d *Deps) report(sys *actor.ActorSystem, parent *actor.PID, ack *messages.Ack) {
+// report hands an ack over exactly once and tells the root.
+func (d *Deps) report(sys *actor.ActorSystem, ack *messages.Ack) {
 	if !d.Ledger.Complete(ledger.Run, ack.InvocationID) {
 		d.Log.Warn().Str("invocation_id", ack.InvocationID).Msg("invocation already acked; duplicate dropped")
 		return
@@ -287,7 +290,7 @@ func (d *Deps) report(sys *actor.ActorSystem, parent *actor.PID, ack *messages.A
 	if err := d.Acks.Ack(ack); err != nil {
 		d.Log.Error().Err(err).Str("invocation_id", ack.InvocationID).Msg("ack not stored")
 	}
-	sys.Root.Send(parent, &messages.RunFinished{InvocationID: ack.InvocationID})
+	sys.Root.Send(d.Finished, &messages.RunFinished{InvocationID: ack.InvocationID})
 }
 
 func failed(id, msg string) *messages.Ack {
