@@ -219,10 +219,10 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	name := ContainerName(spec.InvocationID)
 	argv := append([]string{cli}, r.globalArgs...)
 	argv = append(argv, "run", "--rm", "-i", "--name", name)
+	argv = append(argv, r.runArgs...)
 	if r.owner != "" {
 		argv = append(argv, "--label", OwnerLabel+"="+r.owner)
 	}
-	argv = append(argv, r.runArgs...)
 	argv = append(argv, "-v", files.Dir+":"+ContainerDir)
 	if spec.Workdir != "" {
 		argv = append(argv, "-v", spec.Workdir+":"+spec.Workdir, "-w", spec.Workdir)

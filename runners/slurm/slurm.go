@@ -250,7 +250,7 @@ func (r *Runner) ReapLeftovers(ctx context.Context, marker string) (int, error) 
 	if marker == "" {
 		return 0, nil
 	}
-	scancel, squeue, err := r.tools()
+	squeue, err := r.bin("squeue")
 	if err != nil {
 		return 0, fmt.Errorf("slurm runner: %w", err)
 	}
@@ -263,14 +263,24 @@ func (r *Runner) ReapLeftovers(ctx context.Context, marker string) (int, error) 
 		return 0, fmt.Errorf("slurm runner: squeue: %w", err)
 	}
 	want := r.comment(marker)
-	var errs []error
-	cancelled := 0
+	var ids []string
 	for _, line := range strings.Split(string(out), "\n") {
 		id, rest, _ := strings.Cut(strings.TrimSpace(line), "|")
 		state, comment, _ := strings.Cut(rest, "|")
-		if id == "" || comment != want || state == "COMPLETING" {
-			continue
+		if id != "" && comment == want && state != "COMPLETING" {
+			ids = append(ids, id)
 		}
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	scancel, err := r.bin("scancel")
+	if err != nil {
+		return 0, fmt.Errorf("slurm runner: %w", err)
+	}
+	var errs []error
+	cancelled := 0
+	for _, id := range ids {
 		if out, err := r.cmd(ctx, scancel, id).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("scancel %s: %w: %s", id, err, strings.TrimSpace(string(out))))
 			continue
