@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -210,31 +211,39 @@ type leftoverReaper interface {
 	ReapLeftovers(ctx context.Context, marker string) (int, error)
 }
 
-// leftoverTimeout bounds each runner's start-up sweep, so an unreachable
+// leftoverTimeout bounds the start-up sweep, so an unreachable
 // engine or controller delays the start, never blocks it.
 const leftoverTimeout = 30 * time.Second
 
 // reapLeftovers has every runner in kinds that can, end the work a previous
-// run of this daemon left behind. Failures are logged: a runner's tool may
-// be missing on this host, and the daemon must start anyway.
+// run of this daemon left behind, all at once, and returns when all are
+// done: before any new work, which carries the same mark. Failures are
+// logged: a runner's tool may be missing on this host, and the daemon must
+// start anyway.
 func reapLeftovers(ctx context.Context, kinds []string, registry map[string]runners.Runner, marker string, log zerolog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, leftoverTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
 	for _, k := range kinds {
 		r, ok := registry[k].(leftoverReaper)
 		if !ok {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, leftoverTimeout)
-		n, err := r.ReapLeftovers(rctx, marker)
-		cancel()
-		if err != nil {
-			log.Warn().Str("runner", k).Err(err).Msg("could not end all containers or jobs left by a previous run")
-		}
-		if n > 0 {
-			log.Warn().Str("runner", k).Int("count", n).Msg("ended containers or jobs left running by a previous run of this daemon")
-		} else if err == nil {
-			log.Info().Str("runner", k).Int("count", 0).Msg("no containers or jobs left by a previous run")
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := r.ReapLeftovers(ctx, marker)
+			if err != nil {
+				log.Warn().Str("runner", k).Err(err).Msg("could not end all containers or jobs left by a previous run")
+			}
+			if n > 0 {
+				log.Warn().Str("runner", k).Int("count", n).Msg("ended containers or jobs left running by a previous run of this daemon")
+			} else if err == nil {
+				log.Info().Str("runner", k).Int("count", 0).Msg("no containers or jobs left by a previous run")
+			}
+		}()
 	}
+	wg.Wait()
 }
 
 // ordered keeps the config's order of the kinds the registry has.
