@@ -285,9 +285,8 @@ func pick(in io.Reader, out io.Writer, ws []operatorapi.Worker) (operatorapi.Wor
 	return operatorapi.Worker{}, errors.New("no daemon chosen")
 }
 
-// runExec submits an exec, follows it to the end and turns the remote exit
-// code into this process's.
-// runExec submits an exec and follows it to its end. submit may wait up to
+// runExec submits an exec, follows it to its end and turns the remote exit
+// code into this process's. submit may wait up to
 // the given time for the first news of the exec in the same request (see
 // opclient.SubmitExec); where names the target in messages, and when empty
 // is taken from the answer.

@@ -109,11 +109,11 @@ func (c *Client) Cleanup(ctx context.Context, req operatorapi.CleanupRequest) (o
 	return out, err
 }
 
-// Exec submits a shell command to one worker (RouteWorkerExec).
+// Exec submits a shell command to one worker (RouteWorkerExec) without
+// waiting for it.
 func (c *Client) Exec(ctx context.Context, workerID string, req operatorapi.ExecRequest) (operatorapi.ExecAccepted, error) {
-	var out operatorapi.ExecAccepted
-	err := c.do(ctx, operatorapi.RouteWorkerExec, params{"id": workerID}, nil, req, &out)
-	return out, err
+	acc, _, err := c.SubmitExec(ctx, workerID, req, 0)
+	return acc, err
 }
 
 // SubmitExec submits req to the worker ref names (its id, or a label only
@@ -163,11 +163,10 @@ func (c *Client) submitExec(ctx context.Context, route string, p params, req ope
 }
 
 // QueueExec submits a shell command to any eligible member of req.Queue
-// (RouteQueueExec).
+// (RouteQueueExec) without waiting for it.
 func (c *Client) QueueExec(ctx context.Context, req operatorapi.ExecRequest) (operatorapi.ExecAccepted, error) {
-	var out operatorapi.ExecAccepted
-	err := c.do(ctx, operatorapi.RouteQueueExec, nil, nil, req, &out)
-	return out, err
+	acc, _, err := c.SubmitQueueExec(ctx, req, 0)
+	return acc, err
 }
 
 // GetExec reads an exec (RouteGetExec). A positive wait long-polls until
