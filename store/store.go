@@ -2,7 +2,8 @@
 // per-worker command queue with its cursor, execs and their streamed output,
 // tokens, and what daemons report about invocations. It declares the Store
 // contract and the domain types; implementations live in subpackages
-// (sqlite, the embedded default).
+// (sqlite, the embedded default, and postgres, both running the SQL of
+// sqlstore).
 //
 // Times are passed in by the caller, never read from a clock here, so that
 // the control plane's injected clock decides what "now" is. Every method is

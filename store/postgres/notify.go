@@ -35,7 +35,12 @@ func (db *DB) Notifier() *Notifier {
 // NOTIFY only after the sender commits, and this one runs after the change
 // it announces committed, so a listener woken by it reads that change.
 func (n *Notifier) Publish(ctx context.Context, key string) error {
-	if _, err := n.db.q.Exec(ctx, `SELECT pg_notify($1, $2)`, wakeChannel, n.origin+" "+key); err != nil {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("publish wake-up %s: %w", key, err)
+	}
+	dctx, cancel := detach(ctx)
+	defer cancel()
+	if _, err := n.db.pool.Exec(dctx, `SELECT pg_notify($1, $2)`, wakeChannel, n.origin+" "+key); err != nil {
 		return fmt.Errorf("publish wake-up %s: %w", key, err)
 	}
 	return nil

@@ -13,11 +13,14 @@
 // at the next statement boundary, never inside a statement (see detached).
 //
 // The schema comes from embedded migrations, applied under an advisory lock
-// so that replicas starting together migrate once.
+// so that replicas starting together migrate once. The store logic itself
+// is sqlstore's, run on the pool through database/sql with this package's
+// dialect.
 package postgres
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
@@ -30,8 +33,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"nymph/store"
+	"nymph/store/sqlstore"
 )
 
 //go:embed migrations/*.sql
@@ -43,8 +48,8 @@ const migrationLock int64 = 0x6c616b6573686f72
 
 // DB is a store.Store on one PostgreSQL database.
 type DB struct {
+	*sqlstore.DB
 	pool *pgxpool.Pool
-	q    querier // the pool, detached
 }
 
 var _ store.Store = (*DB)(nil)
@@ -64,13 +69,31 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		pool.Close()
 		return nil, fmt.Errorf("postgres: migrate: %w", err)
 	}
-	return &DB{pool: pool, q: detached{pool}}, nil
+	sdb := stdlib.OpenDBFromPool(pool)
+	return &DB{DB: sqlstore.New(sdb, sdb, dialect()), pool: pool}, nil
 }
 
 // Close closes the pool.
 func (db *DB) Close() error {
+	err := db.DB.Close()
 	db.pool.Close()
-	return nil
+	return err
+}
+
+// dialect is PostgreSQL's: numbered placeholders, row locks, READ
+// COMMITTED writes retried on deadlock, REPEATABLE READ snapshots, and
+// statements detached from their caller's cancellation.
+func dialect() sqlstore.Dialect {
+	return sqlstore.Dialect{
+		Placeholders:          sqlstore.Dollar,
+		ForUpdate:             " FOR UPDATE",
+		LockWorkerKeys:        `SELECT pg_advisory_xact_lock(hashtextextended('daemon_keys:' || CAST(? AS TEXT), 0))`,
+		WriteTx:               &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+		SnapshotTx:            &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true},
+		Retryable:             retryable,
+		IsPrimaryKeyViolation: isPrimaryKeyViolation,
+		StatementContext:      detach,
+	}
 }
 
 // Pool is the connection pool, for tests that inspect the database.
@@ -147,28 +170,18 @@ func applyMigration(ctx context.Context, conn *pgx.Conn, name string, version in
 	return tx.Commit(ctx)
 }
 
-// querier is what the pool and a transaction both offer.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// detached runs each statement only if the caller's context is still live,
-// but on a context its cancellation does not reach. pgx cannot abandon a
-// statement halfway without dropping the connection, prepared statements
-// and all, and a control plane sees a request cancelled mid-statement on
-// every exec (the daemon drops its poll in flight when the exec ends):
-// detached, a cancellation costs at most the one short statement in flight
-// instead of a reconnect. Everything in this package goes through it.
-type detached struct{ q querier }
-
 // statementTimeout bounds a detached statement (or transaction) that the
 // caller's deadline does not bound sooner: a hung database still fails the
 // request, at the price of that connection.
 const statementTimeout = 30 * time.Second
 
-// detach is ctx without its cancellation, keeping a deadline.
+// detach is ctx without its cancellation, keeping a deadline. Every
+// statement runs on it, and only if the caller's context is still live.
+// pgx cannot abandon a statement halfway without dropping the connection,
+// prepared statements and all, and a control plane sees a request
+// cancelled mid-statement on every exec (the daemon drops its poll in
+// flight when the exec ends): detached, a cancellation costs at most the
+// one short statement in flight instead of a reconnect.
 func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	d := time.Now().Add(statementTimeout)
 	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
@@ -177,108 +190,8 @@ func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.WithoutCancel(ctx), d)
 }
 
-func (d detached) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	dctx, cancel := detach(ctx)
-	rows, err := d.q.Query(dctx, sql, args...)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return cancelRows{rows, cancel}, nil
-}
-
-func (d detached) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := ctx.Err(); err != nil {
-		return errRow{err}
-	}
-	dctx, cancel := detach(ctx)
-	return cancelRow{d.q.QueryRow(dctx, sql, args...), cancel}
-}
-
-func (d detached) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := ctx.Err(); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	dctx, cancel := detach(ctx)
-	defer cancel()
-	return d.q.Exec(dctx, sql, args...)
-}
-
-// cancelRows releases the statement's context when the rows are closed.
-type cancelRows struct {
-	pgx.Rows
-	cancel context.CancelFunc
-}
-
-func (r cancelRows) Close() {
-	r.Rows.Close()
-	r.cancel()
-}
-
-// cancelRow releases the statement's context once scanned.
-type cancelRow struct {
-	row    pgx.Row
-	cancel context.CancelFunc
-}
-
-func (r cancelRow) Scan(dest ...any) error {
-	defer r.cancel()
-	return r.row.Scan(dest...)
-}
-
-// errRow is a row that was never queried.
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
-
-// txAttempts bounds the retries of a transaction that lost to a deadlock or
-// a serialisation failure; each retry starts from scratch.
-const txAttempts = 5
-
-// tx runs fn in a READ COMMITTED transaction, again when PostgreSQL chose it
-// as a deadlock victim. fn must be safe to run more than once: it only
-// writes the variables it returns through.
-func (db *DB) tx(ctx context.Context, fn func(querier) error) error {
-	var err error
-	for attempt := 0; attempt < txAttempts; attempt++ {
-		err = db.tryTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
-		if !retryable(err) {
-			return err
-		}
-	}
-	return err
-}
-
-// tryTx runs fn in one transaction, statements detached from ctx's
-// cancellation; a ctx cancelled meanwhile rolls it back at the next
-// statement or at the latest before the commit, as database/sql does.
-func (db *DB) tryTx(ctx context.Context, opts pgx.TxOptions, fn func(querier) error) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	dctx, cancel := detach(ctx)
-	defer cancel()
-	tx, err := db.pool.BeginTx(dctx, opts)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	err = fn(detached{tx})
-	if err == nil {
-		err = ctx.Err()
-	}
-	if err != nil {
-		_ = tx.Rollback(dctx)
-		return err
-	}
-	if err := tx.Commit(dctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
-}
-
+// retryable: a transaction that lost to a deadlock or a serialisation
+// failure runs again from scratch.
 func retryable(err error) bool {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
@@ -287,46 +200,9 @@ func retryable(err error) bool {
 	return pe.Code == "40001" || pe.Code == "40P01" // serialization_failure, deadlock_detected
 }
 
-// uniqueViolation reports whether err is a unique violation of constraint.
-func uniqueViolation(err error, constraint string) bool {
+// isPrimaryKeyViolation reports whether err is a unique violation of table's
+// primary key (named <table>_pkey by default).
+func isPrimaryKeyViolation(err error, table string) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == constraint
-}
-
-func ms(t time.Time) int64 { return t.UnixMilli() }
-
-func fromMs(v int64) time.Time { return time.UnixMilli(v).UTC() }
-
-func msPtr(t *time.Time) *int64 {
-	if t == nil {
-		return nil
-	}
-	v := t.UnixMilli()
-	return &v
-}
-
-func fromNullMs(v *int64) *time.Time {
-	if v == nil {
-		return nil
-	}
-	t := fromMs(*v)
-	return &t
-}
-
-func notFound(what, id string) error {
-	return fmt.Errorf("%s %q: %w", what, id, store.ErrNotFound)
-}
-
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
-}
-
-func nonNilBytes(b []byte) []byte {
-	if b == nil {
-		return []byte{}
-	}
-	return b
+	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == table+"_pkey"
 }

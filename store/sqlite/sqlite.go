@@ -22,9 +22,10 @@ import (
 	"strings"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	"modernc.org/sqlite" // registers the "sqlite" driver
 
 	"nymph/store"
+	"nymph/store/sqlstore"
 )
 
 //go:embed migrations/*.sql
@@ -32,8 +33,7 @@ var migrations embed.FS
 
 // DB is a store.Store on one SQLite file.
 type DB struct {
-	w *sql.DB // the single writer connection
-	r *sql.DB // readers
+	*sqlstore.DB
 }
 
 var _ store.Store = (*DB)(nil)
@@ -67,12 +67,21 @@ func Open(ctx context.Context, path string) (*DB, error) {
 	}
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(2)
-	return &DB{w: w, r: r}, nil
+	return &DB{sqlstore.New(w, r, dialect())}, nil
 }
 
-// Close closes both pools.
-func (db *DB) Close() error {
-	return errors.Join(db.r.Close(), db.w.Close())
+// dialect is SQLite's: the zero value (one writer, no row locks, no
+// retries, statements on the caller's context), plus its error codes.
+func dialect() sqlstore.Dialect {
+	return sqlstore.Dialect{IsPrimaryKeyViolation: isPrimaryKeyViolation}
+}
+
+// sqliteConstraintPrimaryKey is SQLITE_CONSTRAINT_PRIMARYKEY.
+const sqliteConstraintPrimaryKey = 1555
+
+func isPrimaryKeyViolation(err error, table string) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code() == sqliteConstraintPrimaryKey && strings.Contains(se.Error(), " "+table+".")
 }
 
 func migrate(ctx context.Context, db *sql.DB) error {
@@ -123,43 +132,4 @@ func applyMigration(ctx context.Context, db *sql.DB, name string, version int) e
 		return err
 	}
 	return tx.Commit()
-}
-
-// tx runs fn in a write transaction.
-func (db *DB) tx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := db.w.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
-}
-
-func ms(t time.Time) int64 { return t.UnixMilli() }
-
-func fromMs(v int64) time.Time { return time.UnixMilli(v).UTC() }
-
-func msPtr(t *time.Time) any {
-	if t == nil {
-		return nil
-	}
-	return t.UnixMilli()
-}
-
-func fromNullMs(v sql.NullInt64) *time.Time {
-	if !v.Valid {
-		return nil
-	}
-	t := fromMs(v.Int64)
-	return &t
-}
-
-func notFound(what, id string) error {
-	return fmt.Errorf("%s %q: %w", what, id, store.ErrNotFound)
 }

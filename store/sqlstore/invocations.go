@@ -1,16 +1,14 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/jackc/pgx/v5"
 
 	"nymph/store"
 )
@@ -20,48 +18,51 @@ const maxTail = 16 << 10
 
 const invocationColumns = `id, namespace, queue, module, qualname, runner, run_config, args, args_key, args_size,
 	script, as_user, parent_id, root_id, run_body, state, worker_id, worker_label, command_id,
-	created_at, started_at, finished_at, result, COALESCE(octet_length(result), 0), error, stdout_tail, reported_at`
+	created_at, started_at, finished_at, result, COALESCE(length(result), 0), error, stdout_tail, reported_at`
 
 // listColumns leaves the bytes out: lists show state, not payloads.
-const listColumns = `id, namespace, queue, module, qualname, runner, run_config, NULL::bytea, args_key, args_size,
-	script, as_user, parent_id, root_id, NULL::bytea, state, worker_id, worker_label, command_id,
-	created_at, started_at, finished_at, NULL::bytea, COALESCE(octet_length(result), 0), error, stdout_tail, reported_at`
+const listColumns = `id, namespace, queue, module, qualname, runner, run_config, NULL, args_key, args_size,
+	script, as_user, parent_id, root_id, NULL, state, worker_id, worker_label, command_id,
+	created_at, started_at, finished_at, NULL, COALESCE(length(result), 0), error, stdout_tail, reported_at`
 
 func scanInvocation(row rowScanner) (store.Invocation, error) {
 	var (
-		inv                         store.Invocation
-		runConfig                   string
-		errText                     *string
-		created                     int64
-		started, finished, reported *int64
+		inv                          store.Invocation
+		runConfig                    string
+		script, asUser, parent, root sql.NullString
+		errText                      sql.NullString
+		created                      int64
+		started, finished, reported  sql.NullInt64
 	)
 	err := row.Scan(&inv.ID, &inv.Namespace, &inv.Queue, &inv.Module, &inv.Qualname, &inv.Runner, &runConfig,
-		&inv.Args, &inv.ArgsKey, &inv.ArgsSize, &inv.Script, &inv.AsUser, &inv.ParentInvocationID, &inv.RootInvocationID,
+		&inv.Args, &inv.ArgsKey, &inv.ArgsSize, &script, &asUser, &parent, &root,
 		&inv.RunBody, &inv.State, &inv.WorkerID, &inv.WorkerLabel, &inv.CommandID, &created, &started, &finished,
 		&inv.Result, &inv.ResultSize, &errText, &inv.StdoutTail, &reported)
 	if err != nil {
 		return store.Invocation{}, err
 	}
 	inv.RunConfig = []byte(runConfig)
-	if errText != nil {
-		inv.Error = []byte(*errText)
+	inv.Script, inv.AsUser = nullString(script), nullString(asUser)
+	inv.ParentInvocationID, inv.RootInvocationID = nullString(parent), nullString(root)
+	if errText.Valid {
+		inv.Error = []byte(errText.String)
 	}
 	inv.CreatedAt, inv.StartedAt, inv.FinishedAt, inv.ReportedAt = fromMs(created), fromNullMs(started), fromNullMs(finished), fromNullMs(reported)
 	return inv, nil
 }
 
 func getInvocation(ctx context.Context, q querier, namespace, id string, lock bool) (store.Invocation, error) {
-	query := `SELECT ` + invocationColumns + ` FROM invocations WHERE id = $1`
+	query := `SELECT ` + invocationColumns + ` FROM invocations WHERE id = ?`
 	args := []any{id}
 	if namespace != "" {
-		query += ` AND namespace = $2`
+		query += ` AND namespace = ?`
 		args = append(args, namespace)
 	}
 	if lock {
-		query += ` FOR UPDATE`
+		query += q.d.ForUpdate
 	}
 	inv, err := scanInvocation(q.QueryRow(ctx, query, args...))
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, sql.ErrNoRows) {
 		return store.Invocation{}, notFound("invocation", id)
 	}
 	if err != nil {
@@ -72,11 +73,12 @@ func getInvocation(ctx context.Context, q querier, namespace, id string, lock bo
 
 // CreateInvocation implements store.Invocations.
 func (db *DB) CreateInvocation(ctx context.Context, n store.NewInvocation) (store.Invocation, error) {
-	inv, err := scanInvocation(db.q.QueryRow(ctx, `INSERT INTO invocations (id, namespace, queue, module, qualname, runner, run_config,
+	inv, err := scanInvocation(db.writer().QueryRow(ctx, `INSERT INTO invocations (id, namespace, queue, module, qualname, runner, run_config,
 		args, args_key, args_size, script, as_user, parent_id, root_id, run_body, state, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING `+invocationColumns,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING `+invocationColumns,
 		n.ID, n.Namespace, n.Queue, n.Module, n.Qualname, n.Runner, string(n.RunConfig),
-		n.Args, n.ArgsKey, n.ArgsSize, n.Script, n.AsUser, n.ParentInvocationID, n.RootInvocationID,
+		n.Args, n.ArgsKey, n.ArgsSize, strOrNil(n.Script), strOrNil(n.AsUser),
+		strOrNil(n.ParentInvocationID), strOrNil(n.RootInvocationID),
 		nonNilBytes(n.RunBody), store.InvocationQueued, ms(n.Now)))
 	if err != nil {
 		return store.Invocation{}, fmt.Errorf("create invocation %s: %w", n.ID, err)
@@ -86,33 +88,28 @@ func (db *DB) CreateInvocation(ctx context.Context, n store.NewInvocation) (stor
 
 // Invocation implements store.Invocations.
 func (db *DB) Invocation(ctx context.Context, namespace, id string) (store.Invocation, error) {
-	return getInvocation(ctx, db.q, namespace, id, false)
-}
-
-// params numbers query parameters as they are added.
-type params []any
-
-func (p *params) add(v any) string {
-	*p = append(*p, v)
-	return "$" + strconv.Itoa(len(*p))
+	return getInvocation(ctx, db.reader(), namespace, id, false)
 }
 
 // ListInvocations implements store.Invocations.
 func (db *DB) ListInvocations(ctx context.Context, f store.InvocationFilter) ([]store.Invocation, error) {
-	var args params
-	query := `SELECT ` + listColumns + ` FROM invocations WHERE namespace = ` + args.add(f.Namespace)
+	query := `SELECT ` + listColumns + ` FROM invocations WHERE namespace = ?`
+	args := []any{f.Namespace}
 	if f.State != "" {
-		query += ` AND state = ` + args.add(f.State)
+		query += ` AND state = ?`
+		args = append(args, f.State)
 	}
 	if f.Queue != "" {
-		query += ` AND queue = ` + args.add(f.Queue)
+		query += ` AND queue = ?`
+		args = append(args, f.Queue)
 	}
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
 	}
-	query += ` ORDER BY created_at DESC, id DESC LIMIT ` + args.add(limit)
-	rows, err := db.q.Query(ctx, query, args...)
+	query += ` ORDER BY created_at DESC, id DESC LIMIT ?`
+	args = append(args, limit)
+	rows, err := db.reader().Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list invocations: %w", err)
 	}
@@ -140,8 +137,8 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 	// Most polls find nothing queued; finding that out without a
 	// transaction keeps them cheap.
 	var queued bool
-	err := db.q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE state = $1 AND namespace =
-		(SELECT namespace FROM workers WHERE id = $2))`, store.InvocationQueued, c.WorkerID).Scan(&queued)
+	err := db.reader().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE state = ? AND namespace =
+		(SELECT namespace FROM workers WHERE id = ?))`, store.InvocationQueued, c.WorkerID).Scan(&queued)
 	if err != nil {
 		return nil, fmt.Errorf("claim invocations for %s: %w", c.WorkerID, err)
 	}
@@ -166,7 +163,7 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 		limit := c.Limit
 		if max := int(w.Capabilities.MaxInvocations); max > 0 {
 			var running int
-			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM invocations WHERE worker_id = $1 AND state = $2`,
+			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM invocations WHERE worker_id = ? AND state = ?`,
 				w.ID, store.InvocationRunning).Scan(&running); err != nil {
 				return fmt.Errorf("count running: %w", err)
 			}
@@ -175,33 +172,33 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 		if limit <= 0 {
 			return nil
 		}
-		query, args := claimQuery(w, limit)
+		query, args := claimQuery(tx.d, w, limit)
 		rows, err := tx.Query(ctx, query, args...)
 		if err != nil {
 			return fmt.Errorf("find queued: %w", err)
 		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		ids, err := collectStrings(rows)
 		if err != nil {
 			return fmt.Errorf("find queued: %w", err)
 		}
 		seq := w.LastSeq
 		for _, id := range ids {
 			cmdID := c.NewID()
-			// The rows are locked (SKIP LOCKED passed over those another
-			// claimer holds); the state guard is kept for clarity's sake
-			// and costs nothing.
-			tag, err := tx.Exec(ctx, `UPDATE invocations SET state = $1, worker_id = $2, worker_label = $3, command_id = $4,
-				started_at = $5, missing_since = NULL WHERE id = $6 AND state = $7`,
+			// Where the dialect locks rows they are locked (SKIP LOCKED
+			// passed over those another claimer holds); the state guard
+			// keeps a second claimer off the invocation regardless.
+			n, err := tx.affected(ctx, `UPDATE invocations SET state = ?, worker_id = ?, worker_label = ?, command_id = ?,
+				started_at = ?, missing_since = NULL WHERE id = ? AND state = ?`,
 				store.InvocationRunning, w.ID, w.Label, cmdID, ms(c.Now), id, store.InvocationQueued)
 			if err != nil {
 				return fmt.Errorf("claim %s: %w", id, err)
 			}
-			if tag.RowsAffected() != 1 {
+			if n != 1 {
 				continue
 			}
 			seq++
 			if _, err := tx.Exec(ctx, `INSERT INTO commands (id, worker_id, seq, kind, body, created_at)
-				SELECT $1, $2, $3, $4, run_body, $5 FROM invocations WHERE id = $6`,
+				SELECT ?, ?, ?, ?, run_body, ? FROM invocations WHERE id = ?`,
 				cmdID, w.ID, seq, store.KindRun, ms(c.Now), id); err != nil {
 				return fmt.Errorf("queue run of %s: %w", id, err)
 			}
@@ -212,7 +209,7 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 			out = append(out, inv)
 		}
 		if seq != w.LastSeq {
-			if _, err := tx.Exec(ctx, `UPDATE workers SET last_seq = $1 WHERE id = $2`, seq, w.ID); err != nil {
+			if _, err := tx.Exec(ctx, `UPDATE workers SET last_seq = ? WHERE id = ?`, seq, w.ID); err != nil {
 				return fmt.Errorf("bump seq: %w", err)
 			}
 		}
@@ -224,25 +221,31 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 	return out, nil
 }
 
-// claimQuery selects and locks the ids of the oldest queued invocations w
-// may take, skipping those another claimer has locked.
-func claimQuery(w store.Worker, limit int) (string, []any) {
-	var (
-		b    strings.Builder
-		args params
-	)
-	b.WriteString(`SELECT id FROM invocations WHERE namespace = ` + args.add(w.Namespace) + ` AND state = ` + args.add(store.InvocationQueued))
+// claimQuery selects (and, where the dialect locks rows, locks) the ids of
+// the oldest queued invocations w may take, skipping those another claimer
+// has locked.
+func claimQuery(d *Dialect, w store.Worker, limit int) (string, []any) {
+	var b strings.Builder
+	b.WriteString(`SELECT id FROM invocations WHERE namespace = ? AND state = ?`)
+	args := []any{w.Namespace, store.InvocationQueued}
 	pq := w.PollQueue
 	if pq == "" {
 		pq = "default"
 	}
 	if prefix, ok := strings.CutSuffix(pq, "*"); ok {
-		b.WriteString(` AND starts_with(queue, ` + args.add(prefix) + `::text)`)
+		b.WriteString(` AND substr(queue, 1, length(CAST(? AS TEXT))) = CAST(? AS TEXT)`)
+		args = append(args, prefix, prefix)
 	} else {
-		b.WriteString(` AND queue = ` + args.add(pq))
+		b.WriteString(` AND queue = ?`)
+		args = append(args, pq)
 	}
-	b.WriteString(` AND (runner = '' OR runner = ANY(` + args.add(w.Capabilities.Runners) + `::text[]))`)
-	b.WriteString(` ORDER BY created_at, id LIMIT ` + args.add(limit) + ` FOR UPDATE SKIP LOCKED`)
+	b.WriteString(` AND (runner = ''`)
+	for _, r := range w.Capabilities.Runners {
+		b.WriteString(` OR runner = ?`)
+		args = append(args, r)
+	}
+	b.WriteString(`) ORDER BY created_at, id LIMIT ?` + d.forUpdateSkipLocked())
+	args = append(args, limit)
 	return b.String(), args
 }
 
@@ -252,10 +255,10 @@ func (db *DB) FinishInvocation(ctx context.Context, f store.Finish) (store.Invoc
 		out     store.Invocation
 		applied bool
 	)
-	var errText *string
-	if len(f.Error) > 0 {
-		s := string(f.Error)
-		errText = &s
+	errText := jsonOrNil(f.Error)
+	var result any
+	if f.Result != nil {
+		result = f.Result
 	}
 	err := db.tx(ctx, func(tx querier) error {
 		applied = false
@@ -267,8 +270,8 @@ func (db *DB) FinishInvocation(ctx context.Context, f store.Finish) (store.Invoc
 		if !slices.Contains(f.From, cur.State) || (f.WorkerID != "" && cur.WorkerID != f.WorkerID) {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, `UPDATE invocations SET state = $1, result = $2, error = $3, finished_at = $4, missing_since = NULL
-			WHERE id = $5`, f.State, f.Result, errText, ms(f.Now), f.ID); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE invocations SET state = ?, result = ?, error = ?, finished_at = ?, missing_since = NULL
+			WHERE id = ?`, f.State, result, errText, ms(f.Now), f.ID); err != nil {
 			return fmt.Errorf("update: %w", err)
 		}
 		if _, err := withdrawRun(ctx, tx, cur.CommandID); err != nil {
@@ -287,16 +290,17 @@ func (db *DB) FinishInvocation(ctx context.Context, f store.Finish) (store.Invoc
 // withdrawRun deletes a run command its worker has not been sent yet, so a
 // finished or cancelled invocation is never started after all. A take
 // delivering it at the same moment holds its row lock; the delete waits for
-// it and then finds the command delivered.
+// it and then finds the command delivered (a single writer orders them
+// anyway).
 func withdrawRun(ctx context.Context, tx querier, commandID string) (bool, error) {
 	if commandID == "" {
 		return false, nil
 	}
-	tag, err := tx.Exec(ctx, `DELETE FROM commands WHERE id = $1 AND delivered_at IS NULL AND acked_at IS NULL`, commandID)
+	n, err := tx.affected(ctx, `DELETE FROM commands WHERE id = ? AND delivered_at IS NULL AND acked_at IS NULL`, commandID)
 	if err != nil {
 		return false, fmt.Errorf("withdraw run command: %w", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return n == 1, nil
 }
 
 // ReportRunning implements store.Invocations.
@@ -308,7 +312,7 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 	lost := []store.LostInvocation{}
 	if len(r.Statuses) == 0 {
 		var running bool
-		err := db.q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE worker_id = $1 AND state = $2)`,
+		err := db.reader().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE worker_id = ? AND state = ?)`,
 			r.WorkerID, store.InvocationRunning).Scan(&running)
 		if err != nil {
 			return nil, fmt.Errorf("report running of %s: %w", r.WorkerID, err)
@@ -322,13 +326,13 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 		rows, err := tx.Query(ctx, `SELECT i.id, i.namespace, i.worker_label, i.missing_since,
 			(c.id IS NULL OR c.acked_at IS NOT NULL)
 			FROM invocations i LEFT JOIN commands c ON c.id = i.command_id
-			WHERE i.worker_id = $1 AND i.state = $2 ORDER BY i.id FOR UPDATE OF i`, r.WorkerID, store.InvocationRunning)
+			WHERE i.worker_id = ? AND i.state = ? ORDER BY i.id`+tx.d.forUpdateOf("i"), r.WorkerID, store.InvocationRunning)
 		if err != nil {
 			return fmt.Errorf("read running: %w", err)
 		}
 		type running struct {
 			id, ns, label string
-			missing       *int64
+			missing       sql.NullInt64
 			received      bool
 		}
 		var all []running
@@ -346,7 +350,7 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 		}
 		for _, x := range all {
 			if st, ok := reported[x.id]; ok {
-				if _, err := tx.Exec(ctx, `UPDATE invocations SET stdout_tail = $1, reported_at = $2, missing_since = NULL WHERE id = $3`,
+				if _, err := tx.Exec(ctx, `UPDATE invocations SET stdout_tail = ?, reported_at = ?, missing_since = NULL WHERE id = ?`,
 					clipTail(st.StdoutTail), ms(r.Now), x.id); err != nil {
 					return fmt.Errorf("record status of %s: %w", x.id, err)
 				}
@@ -355,14 +359,14 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 			if !x.received {
 				continue
 			}
-			if x.missing == nil {
-				if _, err := tx.Exec(ctx, `UPDATE invocations SET missing_since = $1 WHERE id = $2`, ms(r.Now), x.id); err != nil {
+			if !x.missing.Valid {
+				if _, err := tx.Exec(ctx, `UPDATE invocations SET missing_since = ? WHERE id = ?`, ms(r.Now), x.id); err != nil {
 					return fmt.Errorf("mark %s missing: %w", x.id, err)
 				}
 				if r.MissingGrace > 0 {
 					continue
 				}
-			} else if r.Now.Sub(fromMs(*x.missing)) < r.MissingGrace {
+			} else if r.Now.Sub(fromMs(x.missing.Int64)) < r.MissingGrace {
 				continue
 			}
 			lost = append(lost, store.LostInvocation{ID: x.id, Namespace: x.ns, WorkerID: r.WorkerID, WorkerLabel: x.label, Reason: store.LostMissing})
@@ -389,11 +393,11 @@ func clipTail(s string) string {
 
 // LostInvocations implements store.Invocations.
 func (db *DB) LostInvocations(ctx context.Context, staleBefore time.Time) ([]store.LostInvocation, error) {
-	rows, err := db.q.Query(ctx, `SELECT i.id, i.namespace, i.worker_id, i.worker_label, w.id IS NULL, COALESCE(w.state, '')
+	rows, err := db.reader().Query(ctx, `SELECT i.id, i.namespace, i.worker_id, i.worker_label, w.id IS NULL, COALESCE(w.state, '')
 		FROM invocations i LEFT JOIN workers w ON w.id = i.worker_id
-		WHERE i.state = $1 AND (w.id IS NULL OR w.state = $2 OR
-			(w.last_seen_at < $3 AND (w.hibernating_until IS NULL OR w.hibernating_until < $3)))
-		ORDER BY i.created_at, i.id`, store.InvocationRunning, store.StateGone, ms(staleBefore))
+		WHERE i.state = ? AND (w.id IS NULL OR w.state = ? OR
+			(w.last_seen_at < ? AND (w.hibernating_until IS NULL OR w.hibernating_until < ?)))
+		ORDER BY i.created_at, i.id`, store.InvocationRunning, store.StateGone, ms(staleBefore), ms(staleBefore))
 	if err != nil {
 		return nil, fmt.Errorf("find lost invocations: %w", err)
 	}
@@ -430,11 +434,7 @@ func (db *DB) CancelInvocation(ctx context.Context, namespace, id string, errJSO
 		out       store.Invocation
 		cancelled bool
 	)
-	var errText *string
-	if len(errJSON) > 0 {
-		s := string(errJSON)
-		errText = &s
-	}
+	errText := jsonOrNil(errJSON)
 	err := db.tx(ctx, func(tx querier) error {
 		cancelled = false
 		cur, err := getInvocation(ctx, tx, namespace, id, true)
@@ -452,7 +452,7 @@ func (db *DB) CancelInvocation(ctx context.Context, namespace, id string, errJSO
 		default:
 			return nil
 		}
-		if _, err := tx.Exec(ctx, `UPDATE invocations SET state = $1, error = $2, finished_at = $3, missing_since = NULL WHERE id = $4`,
+		if _, err := tx.Exec(ctx, `UPDATE invocations SET state = ?, error = ?, finished_at = ?, missing_since = NULL WHERE id = ?`,
 			store.InvocationCancelled, errText, ms(now), id); err != nil {
 			return fmt.Errorf("cancel: %w", err)
 		}

@@ -1,14 +1,13 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"nymph/store"
 )
@@ -18,17 +17,13 @@ const workerColumns = `w.id, w.namespace, w.machine_id, w.hello_label, w.label, 
 	w.last_seq, w.delivered_seq, w.acked_seq, w.queues_added, w.queues_removed,
 	(SELECT COUNT(*) FROM commands c WHERE c.worker_id = w.id AND c.kind = 'setup' AND c.acked_at IS NULL)`
 
-type rowScanner interface {
-	Scan(dest ...any) error
-}
-
 func scanWorker(row rowScanner) (store.Worker, error) {
 	var (
 		w                                   store.Worker
 		tags, queues, caps, versions, runng string
 		queuesAdded, queuesRemoved          string
 		created, seen                       int64
-		hib                                 *int64
+		hib                                 sql.NullInt64
 	)
 	err := row.Scan(&w.ID, &w.Namespace, &w.MachineID, &w.HelloLabel, &w.Label, &w.State, &tags, &queues,
 		&caps, &versions, &w.PollQueue, &runng, &created, &seen, &hib,
@@ -69,30 +64,15 @@ func normalizeWorker(w *store.Worker) {
 	}
 }
 
-func decodeJSON(s string, v any) error {
-	if s == "" {
-		return nil
-	}
-	return json.Unmarshal([]byte(s), v)
-}
-
-func encodeJSON(v any) (string, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return "", err
-	}
-	return string(b), nil
-}
-
 func getWorker(ctx context.Context, q querier, namespace, id string) (store.Worker, error) {
-	query := `SELECT ` + workerColumns + ` FROM workers w WHERE w.id = $1`
+	query := `SELECT ` + workerColumns + ` FROM workers w WHERE w.id = ?`
 	args := []any{id}
 	if namespace != "" {
-		query += ` AND w.namespace = $2`
+		query += ` AND w.namespace = ?`
 		args = append(args, namespace)
 	}
 	w, err := scanWorker(q.QueryRow(ctx, query, args...))
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, sql.ErrNoRows) {
 		return store.Worker{}, notFound("worker", id)
 	}
 	if err != nil {
@@ -105,8 +85,8 @@ func getWorker(ctx context.Context, q querier, namespace, id string) (store.Work
 // sequence holds until commit.
 func lockWorker(ctx context.Context, tx querier, id string) error {
 	var one int
-	err := tx.QueryRow(ctx, `SELECT 1 FROM workers WHERE id = $1 FOR UPDATE`, id).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
+	err := tx.QueryRow(ctx, `SELECT 1 FROM workers WHERE id = ?`+tx.d.ForUpdate, id).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
 		return notFound("worker", id)
 	}
 	if err != nil {
@@ -117,16 +97,16 @@ func lockWorker(ctx context.Context, tx querier, id string) error {
 
 // Worker implements store.Workers.
 func (db *DB) Worker(ctx context.Context, namespace, id string) (store.Worker, error) {
-	return getWorker(ctx, db.q, namespace, id)
+	return getWorker(ctx, db.reader(), namespace, id)
 }
 
 // ListWorkers implements store.Workers.
 func (db *DB) ListWorkers(ctx context.Context, namespace string) ([]store.Worker, error) {
-	return listWorkers(ctx, db.q, namespace)
+	return listWorkers(ctx, db.reader(), namespace)
 }
 
 func listWorkers(ctx context.Context, q querier, namespace string) ([]store.Worker, error) {
-	rows, err := q.Query(ctx, `SELECT `+workerColumns+` FROM workers w WHERE w.namespace = $1 ORDER BY w.label, w.id`, namespace)
+	rows, err := q.Query(ctx, `SELECT `+workerColumns+` FROM workers w WHERE w.namespace = ? ORDER BY w.label, w.id`, namespace)
 	if err != nil {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
@@ -170,21 +150,21 @@ func (db *DB) Hello(ctx context.Context, h store.Hello) (store.Worker, bool, err
 	err := db.tx(ctx, func(tx querier) error {
 		// Two replicas may see the same daemon's hello at once: the insert
 		// that loses the unique race finds the winner's row and refreshes it.
-		tag, err := tx.Exec(ctx, `INSERT INTO workers (id, namespace, machine_id, hello_label, label, state, tags, queues,
-			capabilities, versions, created_at, last_seen_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
+		n, err := tx.affected(ctx, `INSERT INTO workers (id, namespace, machine_id, hello_label, label, state, tags, queues,
+			capabilities, versions, created_at, last_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (namespace, machine_id, hello_label) DO NOTHING`,
-			h.NewID, h.Namespace, h.MachineID, h.Label, label, store.StateActive, tags, queues, capsJSON, versions, ms(h.Now))
+			h.NewID, h.Namespace, h.MachineID, h.Label, label, store.StateActive, tags, queues, capsJSON, versions, ms(h.Now), ms(h.Now))
 		if err != nil {
 			return fmt.Errorf("insert worker: %w", err)
 		}
-		created = tag.RowsAffected() == 1
+		created = n == 1
 		id := h.NewID
 		if !created {
-			err = tx.QueryRow(ctx, `UPDATE workers SET tags = $1, queues = $2, capabilities = $3, versions = $4, last_seen_at = $5,
+			err = tx.QueryRow(ctx, `UPDATE workers SET tags = ?, queues = ?, capabilities = ?, versions = ?, last_seen_at = ?,
 				hibernating_until = NULL,
 				state = CASE WHEN EXISTS (SELECT 1 FROM commands c WHERE c.worker_id = workers.id AND c.kind = 'setup' AND c.acked_at IS NULL)
 					THEN 'setting_up' ELSE 'active' END
-				WHERE namespace = $6 AND machine_id = $7 AND hello_label = $8 RETURNING id`,
+				WHERE namespace = ? AND machine_id = ? AND hello_label = ? RETURNING id`,
 				tags, queues, capsJSON, versions, ms(h.Now), h.Namespace, h.MachineID, h.Label).Scan(&id)
 			if err != nil {
 				return fmt.Errorf("update worker: %w", err)
@@ -205,7 +185,7 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 	if err != nil {
 		return store.Worker{}, fmt.Errorf("poll: encode running: %w", err)
 	}
-	var caps *string
+	var caps any
 	if p.UpdatedCapabilities != nil {
 		c := *p.UpdatedCapabilities
 		c.Runners = nonNil(c.Runners)
@@ -213,16 +193,16 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 		if err != nil {
 			return store.Worker{}, fmt.Errorf("poll: encode capabilities: %w", err)
 		}
-		caps = &s
+		caps = s
 	}
 	var out store.Worker
 	err = db.tx(ctx, func(tx querier) error {
 		var delivered int64
-		err := tx.QueryRow(ctx, `UPDATE workers SET last_seen_at = $1, poll_queue = $2, running = $3,
-			capabilities = COALESCE($4::text, capabilities),
-			hibernating_until = CASE WHEN hibernating_until IS NOT NULL AND hibernating_until <= $1 THEN NULL ELSE hibernating_until END
-			WHERE id = $5 RETURNING delivered_seq`, ms(p.Now), p.Queue, running, caps, p.WorkerID).Scan(&delivered)
-		if errors.Is(err, pgx.ErrNoRows) {
+		err := tx.QueryRow(ctx, `UPDATE workers SET last_seen_at = ?, poll_queue = ?, running = ?,
+			capabilities = COALESCE(CAST(? AS TEXT), capabilities),
+			hibernating_until = CASE WHEN hibernating_until IS NOT NULL AND hibernating_until <= ? THEN NULL ELSE hibernating_until END
+			WHERE id = ? RETURNING delivered_seq`, ms(p.Now), p.Queue, running, caps, ms(p.Now), p.WorkerID).Scan(&delivered)
+		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("worker", p.WorkerID)
 		}
 		if err != nil {
@@ -233,7 +213,7 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 				return err
 			}
 		}
-		_, err = tx.Exec(ctx, `UPDATE workers SET state = 'active' WHERE id = $1 AND (state = 'joining' OR (state = 'setting_up'
+		_, err = tx.Exec(ctx, `UPDATE workers SET state = 'active' WHERE id = ? AND (state = 'joining' OR (state = 'setting_up'
 			AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.worker_id = workers.id AND c.kind = 'setup' AND c.acked_at IS NULL)))`, p.WorkerID)
 		if err != nil {
 			return fmt.Errorf("settle state: %w", err)
@@ -248,17 +228,18 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 }
 
 // ackThrough acknowledges every command up to c, which the caller clamped to
-// the highest sequence ever delivered (read under the worker's row lock), so
-// a bogus or stale cursor never acknowledges a command not yet sent.
+// the highest sequence ever delivered (read in the same statement that took
+// the worker's row), so a bogus or stale cursor never acknowledges a
+// command not yet sent.
 func ackThrough(ctx context.Context, tx querier, workerID string, c int64, now time.Time) error {
 	if c <= 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `UPDATE commands SET acked_at = $1, delivered_at = COALESCE(delivered_at, $1)
-		WHERE worker_id = $2 AND seq <= $3 AND acked_at IS NULL`, ms(now), workerID, c); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE commands SET acked_at = ?, delivered_at = COALESCE(delivered_at, ?)
+		WHERE worker_id = ? AND seq <= ? AND acked_at IS NULL`, ms(now), ms(now), workerID, c); err != nil {
 		return fmt.Errorf("ack commands: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE workers SET acked_seq = $1 WHERE id = $2 AND acked_seq < $1`, c, workerID); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE workers SET acked_seq = ? WHERE id = ? AND acked_seq < ?`, c, workerID, c); err != nil {
 		return fmt.Errorf("ack seq: %w", err)
 	}
 	return nil
@@ -267,14 +248,14 @@ func ackThrough(ctx context.Context, tx querier, workerID string, c int64, now t
 // DeleteWorker implements store.Workers.
 func (db *DB) DeleteWorker(ctx context.Context, namespace, id string) error {
 	err := db.tx(ctx, func(tx querier) error {
-		tag, err := tx.Exec(ctx, `DELETE FROM workers WHERE id = $1 AND namespace = $2`, id, namespace)
+		n, err := tx.affected(ctx, `DELETE FROM workers WHERE id = ? AND namespace = ?`, id, namespace)
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
+		if n == 0 {
 			return notFound("worker", id)
 		}
-		_, err = tx.Exec(ctx, `DELETE FROM commands WHERE worker_id = $1`, id)
+		_, err = tx.Exec(ctx, `DELETE FROM commands WHERE worker_id = ?`, id)
 		return err
 	})
 	if err != nil {
@@ -287,16 +268,20 @@ func (db *DB) DeleteWorker(ctx context.Context, namespace, id string) error {
 func (db *DB) DeleteWorkersSeenBefore(ctx context.Context, namespace string, t time.Time) ([]string, error) {
 	var ids []string
 	err := db.tx(ctx, func(tx querier) error {
-		rows, err := tx.Query(ctx, `DELETE FROM workers WHERE namespace = $1 AND last_seen_at < $2 RETURNING id`, namespace, ms(t))
+		rows, err := tx.Query(ctx, `DELETE FROM workers WHERE namespace = ? AND last_seen_at < ? RETURNING id`, namespace, ms(t))
 		if err != nil {
 			return err
 		}
-		ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		ids, err = collectStrings(rows)
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `DELETE FROM commands WHERE worker_id = ANY($1)`, ids)
-		return err
+		for _, id := range ids {
+			if _, err := tx.Exec(ctx, `DELETE FROM commands WHERE worker_id = ?`, id); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("delete workers seen before %s: %w", t.Format(time.RFC3339), err)

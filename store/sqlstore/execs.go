@@ -1,12 +1,11 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"nymph/store"
 )
@@ -16,13 +15,13 @@ func (db *DB) Exec(ctx context.Context, id string) (store.Exec, error) {
 	var (
 		e                 store.Exec
 		created           int64
-		started, finished *int64
+		started, finished sql.NullInt64
 	)
-	err := db.q.QueryRow(ctx, `SELECT id, namespace, worker_id, command_id, command, stream, state, created_at,
-		started_at, finished_at, result, output_len FROM execs WHERE id = $1`, id).Scan(
+	err := db.reader().QueryRow(ctx, `SELECT id, namespace, worker_id, command_id, command, stream, state, created_at,
+		started_at, finished_at, result, output_len FROM execs WHERE id = ?`, id).Scan(
 		&e.ID, &e.Namespace, &e.WorkerID, &e.CommandID, &e.Command, &e.Stream, &e.State, &created,
 		&started, &finished, &e.Result, &e.OutputLen)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, sql.ErrNoRows) {
 		return store.Exec{}, notFound("exec", id)
 	}
 	if err != nil {
@@ -38,8 +37,8 @@ func (db *DB) AppendOutput(ctx context.Context, id string, data []byte) (int64, 
 	err := db.tx(ctx, func(tx querier) error {
 		// The row lock orders appends from concurrent requests: each chunk
 		// starts where the previous one ended.
-		err := tx.QueryRow(ctx, `SELECT output_len FROM execs WHERE id = $1 FOR UPDATE`, id).Scan(&total)
-		if errors.Is(err, pgx.ErrNoRows) {
+		err := tx.QueryRow(ctx, `SELECT output_len FROM execs WHERE id = ?`+tx.d.ForUpdate, id).Scan(&total)
+		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("exec", id)
 		}
 		if err != nil {
@@ -48,12 +47,12 @@ func (db *DB) AppendOutput(ctx context.Context, id string, data []byte) (int64, 
 		if len(data) == 0 {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO exec_output (exec_id, start, size, data) VALUES ($1, $2, $3, $4)`,
+		if _, err := tx.Exec(ctx, `INSERT INTO exec_output (exec_id, start, size, data) VALUES (?, ?, ?, ?)`,
 			id, total, len(data), data); err != nil {
 			return err
 		}
 		total += int64(len(data))
-		_, err = tx.Exec(ctx, `UPDATE execs SET output_len = $1 WHERE id = $2`, total, id)
+		_, err = tx.Exec(ctx, `UPDATE execs SET output_len = ? WHERE id = ?`, total, id)
 		return err
 	})
 	if err != nil {
@@ -67,7 +66,7 @@ func (db *DB) Output(ctx context.Context, id string, offset int64, max int) ([]b
 	if max <= 0 {
 		return []byte{}, nil
 	}
-	rows, err := db.q.Query(ctx, `SELECT start, data FROM exec_output WHERE exec_id = $1 AND start + size > $2 ORDER BY start`, id, offset)
+	rows, err := db.reader().Query(ctx, `SELECT start, data FROM exec_output WHERE exec_id = ? AND start + size > ? ORDER BY start`, id, offset)
 	if err != nil {
 		return nil, fmt.Errorf("read output of %s: %w", id, err)
 	}
@@ -102,8 +101,8 @@ func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time
 	err := db.tx(ctx, func(tx querier) error {
 		applied = false
 		var state string
-		err := tx.QueryRow(ctx, `SELECT state FROM execs WHERE id = $1 FOR UPDATE`, id).Scan(&state)
-		if errors.Is(err, pgx.ErrNoRows) {
+		err := tx.QueryRow(ctx, `SELECT state FROM execs WHERE id = ?`+tx.d.ForUpdate, id).Scan(&state)
+		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("exec", id)
 		}
 		if err != nil {
@@ -113,8 +112,8 @@ func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time
 			return nil
 		}
 		applied = true
-		_, err = tx.Exec(ctx, `UPDATE execs SET state = $1, result = $2, finished_at = $3, started_at = COALESCE(started_at, $3)
-			WHERE id = $4`, store.ExecFinished, nonNilBytes(result), ms(now), id)
+		_, err = tx.Exec(ctx, `UPDATE execs SET state = ?, result = ?, finished_at = ?, started_at = COALESCE(started_at, ?)
+			WHERE id = ?`, store.ExecFinished, nonNilBytes(result), ms(now), ms(now), id)
 		return err
 	})
 	if err != nil {
@@ -125,7 +124,7 @@ func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time
 
 // OpenExecs implements store.Execs.
 func (db *DB) OpenExecs(ctx context.Context, namespace string) (map[string]int, error) {
-	rows, err := db.q.Query(ctx, `SELECT worker_id, COUNT(*) FROM execs WHERE namespace = $1 AND state IN ($2, $3) GROUP BY worker_id`,
+	rows, err := db.reader().Query(ctx, `SELECT worker_id, COUNT(*) FROM execs WHERE namespace = ? AND state IN (?, ?) GROUP BY worker_id`,
 		namespace, store.ExecQueued, store.ExecRunning)
 	if err != nil {
 		return nil, fmt.Errorf("count open execs: %w", err)

@@ -1,26 +1,25 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"nymph/store"
 )
 
 // CreateQueue implements store.Queues.
 func (db *DB) CreateQueue(ctx context.Context, namespace, name string, now time.Time) (bool, error) {
-	tag, err := db.q.Exec(ctx, `INSERT INTO queues (namespace, name, created_at) VALUES ($1, $2, $3)
+	n, err := db.writer().affected(ctx, `INSERT INTO queues (namespace, name, created_at) VALUES (?, ?, ?)
 		ON CONFLICT (namespace, name) DO NOTHING`, namespace, name, ms(now))
 	if err != nil {
 		return false, fmt.Errorf("create queue %q: %w", name, err)
 	}
-	return tag.RowsAffected() > 0, nil
+	return n > 0, nil
 }
 
 // ListQueues implements store.Queues.
@@ -34,11 +33,12 @@ func (db *DB) ListQueues(ctx context.Context, namespace string) ([]store.Queue, 
 		}
 		return q
 	}
-	// One snapshot for both reads, so a queue and its members agree.
+	// One snapshot for both reads where the engine has them, so a queue
+	// and its members agree.
 	var workers []store.Worker
 	err := db.readTx(ctx, func(tx querier) error {
 		clear(byName)
-		rows, err := tx.Query(ctx, `SELECT name, created_at FROM queues WHERE namespace = $1`, namespace)
+		rows, err := tx.Query(ctx, `SELECT name, created_at FROM queues WHERE namespace = ?`, namespace)
 		if err != nil {
 			return err
 		}
@@ -84,11 +84,6 @@ func (db *DB) ListQueues(ctx context.Context, namespace string) ([]store.Queue, 
 	return out, nil
 }
 
-// readTx runs fn in a read-only REPEATABLE READ transaction: one snapshot.
-func (db *DB) readTx(ctx context.Context, fn func(querier) error) error {
-	return db.tryTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
-}
-
 // joinedQueues are the queues a worker's daemon brought into existence: its
 // lanes and the queue it polls, whatever the operator did to its membership.
 func joinedQueues(w store.Worker) []string {
@@ -104,9 +99,9 @@ func (db *DB) EditWorkerQueues(ctx context.Context, e store.QueueEdit) (store.Wo
 	var out store.Worker
 	err := db.tx(ctx, func(tx querier) error {
 		var added, removed string
-		err := tx.QueryRow(ctx, `SELECT queues_added, queues_removed FROM workers WHERE id = $1 AND namespace = $2 FOR UPDATE`,
+		err := tx.QueryRow(ctx, `SELECT queues_added, queues_removed FROM workers WHERE id = ? AND namespace = ?`+tx.d.ForUpdate,
 			e.WorkerID, e.Namespace).Scan(&added, &removed)
-		if errors.Is(err, pgx.ErrNoRows) {
+		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("worker", e.WorkerID)
 		}
 		if err != nil {
@@ -133,7 +128,7 @@ func (db *DB) EditWorkerQueues(ctx context.Context, e store.QueueEdit) (store.Wo
 		if err := errors.Join(err1, err2); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE workers SET queues_added = $1, queues_removed = $2 WHERE id = $3`, a, r, e.WorkerID); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE workers SET queues_added = ?, queues_removed = ? WHERE id = ?`, a, r, e.WorkerID); err != nil {
 			return fmt.Errorf("update worker: %w", err)
 		}
 		out, err = getWorker(ctx, tx, e.Namespace, e.WorkerID)
@@ -148,18 +143,18 @@ func (db *DB) EditWorkerQueues(ctx context.Context, e store.QueueEdit) (store.Wo
 // knownQueues is every queue name that exists in the namespace.
 func knownQueues(ctx context.Context, tx querier, namespace string) (map[string]struct{}, error) {
 	known := map[string]struct{}{}
-	rows, err := tx.Query(ctx, `SELECT name FROM queues WHERE namespace = $1`, namespace)
+	rows, err := tx.Query(ctx, `SELECT name FROM queues WHERE namespace = ?`, namespace)
 	if err != nil {
 		return nil, fmt.Errorf("read queues: %w", err)
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := collectStrings(rows)
 	if err != nil {
 		return nil, fmt.Errorf("read queues: %w", err)
 	}
 	for _, n := range names {
 		known[n] = struct{}{}
 	}
-	rows, err = tx.Query(ctx, `SELECT queues, queues_added, poll_queue FROM workers WHERE namespace = $1`, namespace)
+	rows, err = tx.Query(ctx, `SELECT queues, queues_added, poll_queue FROM workers WHERE namespace = ?`, namespace)
 	if err != nil {
 		return nil, fmt.Errorf("read worker queues: %w", err)
 	}

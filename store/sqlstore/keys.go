@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -27,7 +27,7 @@ func scanKey(row rowScanner) (store.Key, error) {
 }
 
 func getKey(ctx context.Context, q querier, query string, args ...any) (store.Key, error) {
-	k, err := scanKey(q.QueryRowContext(ctx, `SELECT `+keyColumns+` FROM daemon_keys k `+query, args...))
+	k, err := scanKey(q.QueryRow(ctx, `SELECT `+keyColumns+` FROM daemon_keys k `+query, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Key{}, store.ErrNotFound
 	}
@@ -35,7 +35,7 @@ func getKey(ctx context.Context, q querier, query string, args ...any) (store.Ke
 }
 
 func listKeys(ctx context.Context, q querier, query string, args ...any) ([]store.Key, error) {
-	rows, err := q.QueryContext(ctx, `SELECT `+keyColumns+` FROM daemon_keys k `+query, args...)
+	rows, err := q.Query(ctx, `SELECT `+keyColumns+` FROM daemon_keys k `+query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -51,25 +51,46 @@ func listKeys(ctx context.Context, q querier, query string, args ...any) ([]stor
 	return out, rows.Err()
 }
 
+// lockWorkerKeys serialises, until commit, every change to the keys of the
+// named workers, where the dialect has such a lock. Ids are locked in order
+// so that two callers naming the same pair never wait on each other in a
+// cycle.
+func lockWorkerKeys(ctx context.Context, tx querier, workerIDs ...string) error {
+	if tx.d.LockWorkerKeys == "" {
+		return nil
+	}
+	if len(workerIDs) == 2 && workerIDs[1] < workerIDs[0] {
+		workerIDs[0], workerIDs[1] = workerIDs[1], workerIDs[0]
+	}
+	for _, id := range workerIDs {
+		if _, err := tx.Exec(ctx, tx.d.LockWorkerKeys, id); err != nil {
+			return fmt.Errorf("lock keys of worker %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
 // ConsumeToken implements store.Keys. The conditional UPDATE is the whole
-// guarantee: the store has a single writer, so two hosts racing with one
-// token see exactly one row change between them.
+// guarantee: a second transaction updating the same row (on another
+// replica, or behind the single writer) waits for the first to commit and
+// then re-checks consumed_at, so of any number of hosts racing with one
+// token exactly one sees its row change.
 func (db *DB) ConsumeToken(ctx context.Context, id, by string, now time.Time) error {
-	err := db.tx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE tokens SET consumed_at = ?, consumed_by = ?
+	err := db.tx(ctx, func(tx querier) error {
+		n, err := tx.affected(ctx, `UPDATE tokens SET consumed_at = ?, consumed_by = ?
 			WHERE id = ? AND kind = ? AND consumed_at IS NULL AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)`,
 			ms(now), by, id, store.TokenEnroll, ms(now))
 		if err != nil {
 			return err
 		}
-		if n, _ := res.RowsAffected(); n == 1 {
+		if n == 1 {
 			return nil
 		}
 		var (
 			kind              string
 			consumed, revoked sql.NullInt64
 		)
-		err = tx.QueryRowContext(ctx, `SELECT kind, consumed_at, revoked_at FROM tokens WHERE id = ?`, id).Scan(&kind, &consumed, &revoked)
+		err = tx.QueryRow(ctx, `SELECT kind, consumed_at, revoked_at FROM tokens WHERE id = ?`, id).Scan(&kind, &consumed, &revoked)
 		switch {
 		case errors.Is(err, sql.ErrNoRows), err == nil && (kind != store.TokenEnroll || revoked.Valid):
 			return notFound("enrollment token", id)
@@ -89,40 +110,45 @@ func (db *DB) ConsumeToken(ctx context.Context, id, by string, now time.Time) er
 
 // ReleaseToken implements store.Keys.
 func (db *DB) ReleaseToken(ctx context.Context, id, by string) error {
-	err := db.tx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `UPDATE tokens SET consumed_at = NULL, consumed_by = NULL WHERE id = ? AND consumed_by = ?`, id, by)
-		return err
-	})
+	_, err := db.writer().Exec(ctx, `UPDATE tokens SET consumed_at = NULL, consumed_by = NULL WHERE id = ? AND consumed_by = ?`, id, by)
 	if err != nil {
 		return fmt.Errorf("release token %s: %w", id, err)
 	}
 	return nil
 }
 
-func keyExists(ctx context.Context, tx *sql.Tx, id string) error {
-	var n int
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM daemon_keys WHERE key_id = ?`, id).Scan(&n); err != nil {
+func keyExists(ctx context.Context, tx querier, id string) error {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM daemon_keys WHERE key_id = ?)`, id).Scan(&exists); err != nil {
 		return err
 	}
-	if n > 0 {
+	if exists {
 		return store.ErrKeyExists
 	}
 	return nil
 }
 
-func insertKey(ctx context.Context, tx *sql.Tx, k store.Key) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO daemon_keys (key_id, worker_id, namespace, public_key, created_at)
+// insertKey stores k; an id stored meanwhile by another transaction (for
+// another worker, so not under our lock) is ErrKeyExists all the same.
+func insertKey(ctx context.Context, tx querier, k store.Key) error {
+	_, err := tx.Exec(ctx, `INSERT INTO daemon_keys (key_id, worker_id, namespace, public_key, created_at)
 		VALUES (?, ?, ?, ?, ?)`, k.ID, k.WorkerID, k.Namespace, k.PublicKey, ms(k.CreatedAt))
+	if err != nil && tx.d.IsPrimaryKeyViolation != nil && tx.d.IsPrimaryKeyViolation(err, "daemon_keys") {
+		return store.ErrKeyExists
+	}
 	return err
 }
 
 // AddKey implements store.Keys.
 func (db *DB) AddKey(ctx context.Context, k store.Key) error {
-	err := db.tx(ctx, func(tx *sql.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
+		if err := lockWorkerKeys(ctx, tx, k.WorkerID); err != nil {
+			return err
+		}
 		if err := keyExists(ctx, tx, k.ID); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE daemon_keys SET revoked_at = ? WHERE worker_id = ? AND revoked_at IS NULL`,
+		if _, err := tx.Exec(ctx, `UPDATE daemon_keys SET revoked_at = ? WHERE worker_id = ? AND revoked_at IS NULL`,
 			ms(k.CreatedAt), k.WorkerID); err != nil {
 			return err
 		}
@@ -136,13 +162,16 @@ func (db *DB) AddKey(ctx context.Context, k store.Key) error {
 
 // RotateKey implements store.Keys.
 func (db *DB) RotateKey(ctx context.Context, oldID string, k store.Key) error {
-	err := db.tx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE daemon_keys SET revoked_at = ?, replaced_by = ?
+	err := db.tx(ctx, func(tx querier) error {
+		if err := lockWorkerKeys(ctx, tx, k.WorkerID); err != nil {
+			return err
+		}
+		n, err := tx.affected(ctx, `UPDATE daemon_keys SET revoked_at = ?, replaced_by = ?
 			WHERE key_id = ? AND worker_id = ? AND revoked_at IS NULL`, ms(k.CreatedAt), k.ID, oldID, k.WorkerID)
 		if err != nil {
 			return err
 		}
-		if n, _ := res.RowsAffected(); n != 1 {
+		if n != 1 {
 			return store.ErrKeyNotCurrent
 		}
 		if err := keyExists(ctx, tx, k.ID); err != nil {
@@ -159,7 +188,10 @@ func (db *DB) RotateKey(ctx context.Context, oldID string, k store.Key) error {
 // RevokeKey implements store.Keys.
 func (db *DB) RevokeKey(ctx context.Context, workerID, keyID string, now time.Time) (store.Key, error) {
 	var out store.Key
-	err := db.tx(ctx, func(tx *sql.Tx) error {
+	err := db.tx(ctx, func(tx querier) error {
+		if err := lockWorkerKeys(ctx, tx, workerID); err != nil {
+			return err
+		}
 		var err error
 		if keyID == "" {
 			out, err = getKey(ctx, tx, `WHERE k.worker_id = ? AND k.revoked_at IS NULL`, workerID)
@@ -169,7 +201,7 @@ func (db *DB) RevokeKey(ctx context.Context, workerID, keyID string, now time.Ti
 		if err != nil || out.RevokedAt != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE daemon_keys SET revoked_at = ? WHERE key_id = ?`, ms(now), out.ID); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE daemon_keys SET revoked_at = ? WHERE key_id = ?`, ms(now), out.ID); err != nil {
 			return err
 		}
 		t := fromMs(ms(now))
@@ -184,19 +216,22 @@ func (db *DB) RevokeKey(ctx context.Context, workerID, keyID string, now time.Ti
 
 // RebindKey implements store.Keys.
 func (db *DB) RebindKey(ctx context.Context, keyID, from, to string) error {
-	err := db.tx(ctx, func(tx *sql.Tx) error {
-		var n int
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM daemon_keys WHERE worker_id = ? AND revoked_at IS NULL`, to).Scan(&n); err != nil {
+	err := db.tx(ctx, func(tx querier) error {
+		if err := lockWorkerKeys(ctx, tx, from, to); err != nil {
 			return err
 		}
-		if n > 0 {
+		var taken bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM daemon_keys WHERE worker_id = ? AND revoked_at IS NULL)`, to).Scan(&taken); err != nil {
+			return err
+		}
+		if taken {
 			return store.ErrKeyNotCurrent
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE daemon_keys SET worker_id = ? WHERE key_id = ? AND worker_id = ? AND revoked_at IS NULL`, to, keyID, from)
+		n, err := tx.affected(ctx, `UPDATE daemon_keys SET worker_id = ? WHERE key_id = ? AND worker_id = ? AND revoked_at IS NULL`, to, keyID, from)
 		if err != nil {
 			return err
 		}
-		if n, _ := res.RowsAffected(); n != 1 {
+		if n != 1 {
 			return store.ErrKeyNotCurrent
 		}
 		return nil
@@ -209,7 +244,7 @@ func (db *DB) RebindKey(ctx context.Context, keyID, from, to string) error {
 
 // Key implements store.Keys.
 func (db *DB) Key(ctx context.Context, id string) (store.Key, error) {
-	k, err := getKey(ctx, db.r, `WHERE k.key_id = ?`, id)
+	k, err := getKey(ctx, db.reader(), `WHERE k.key_id = ?`, id)
 	if err != nil {
 		return store.Key{}, fmt.Errorf("key %q: %w", id, err)
 	}
@@ -218,7 +253,7 @@ func (db *DB) Key(ctx context.Context, id string) (store.Key, error) {
 
 // CurrentKey implements store.Keys.
 func (db *DB) CurrentKey(ctx context.Context, workerID string) (store.Key, error) {
-	k, err := getKey(ctx, db.r, `WHERE k.worker_id = ? AND k.revoked_at IS NULL`, workerID)
+	k, err := getKey(ctx, db.reader(), `WHERE k.worker_id = ? AND k.revoked_at IS NULL`, workerID)
 	if err != nil {
 		return store.Key{}, fmt.Errorf("current key of worker %s: %w", workerID, err)
 	}
@@ -227,7 +262,7 @@ func (db *DB) CurrentKey(ctx context.Context, workerID string) (store.Key, error
 
 // CurrentKeyOf implements store.Keys.
 func (db *DB) CurrentKeyOf(ctx context.Context, namespace, machineID, helloLabel string) (store.Key, error) {
-	k, err := getKey(ctx, db.r, `JOIN workers w ON w.id = k.worker_id
+	k, err := getKey(ctx, db.reader(), `JOIN workers w ON w.id = k.worker_id
 		WHERE w.namespace = ? AND w.machine_id = ? AND w.hello_label = ? AND k.revoked_at IS NULL`, namespace, machineID, helloLabel)
 	if err != nil {
 		return store.Key{}, fmt.Errorf("current key of %s/%s: %w", machineID, helloLabel, err)
@@ -237,7 +272,7 @@ func (db *DB) CurrentKeyOf(ctx context.Context, namespace, machineID, helloLabel
 
 // WorkerKeys implements store.Keys.
 func (db *DB) WorkerKeys(ctx context.Context, workerID string) ([]store.Key, error) {
-	ks, err := listKeys(ctx, db.r, `WHERE k.worker_id = ? ORDER BY k.created_at, k.key_id`, workerID)
+	ks, err := listKeys(ctx, db.reader(), `WHERE k.worker_id = ? ORDER BY k.created_at, k.key_id`, workerID)
 	if err != nil {
 		return nil, fmt.Errorf("keys of worker %s: %w", workerID, err)
 	}
@@ -246,7 +281,7 @@ func (db *DB) WorkerKeys(ctx context.Context, workerID string) ([]store.Key, err
 
 // NamespaceKeys implements store.Keys.
 func (db *DB) NamespaceKeys(ctx context.Context, namespace string) ([]store.Key, error) {
-	ks, err := listKeys(ctx, db.r, `WHERE k.namespace = ? ORDER BY k.created_at, k.key_id`, namespace)
+	ks, err := listKeys(ctx, db.reader(), `WHERE k.namespace = ? ORDER BY k.created_at, k.key_id`, namespace)
 	if err != nil {
 		return nil, fmt.Errorf("keys of namespace %s: %w", namespace, err)
 	}
