@@ -1,5 +1,5 @@
-// Package execs owns the `exec` command: a parent actor with one child per
-// running exec, and the shell path each child drives (bash -c in its own
+// Package execs owns the `exec` command: the child actor of each running
+// exec under a parent of package jobparent, and the shell path each child drives (bash -c in its own
 // process group, stdout/stderr capped at 1 MiB or streamed to a LogSink,
 // timeout with a settle grace, payload materialised and verified before the
 // spawn).
@@ -19,13 +19,14 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"nymph/actors/jobparent"
 	"nymph/actors/ledger"
 	"nymph/messages"
 )
 
 // Reasons an exec ends early; they become the result's error.
 const (
-	ReasonCancelled = "cancelled"
+	ReasonCancelled = jobparent.ReasonCancelled
 	ReasonStopped   = "exec actor stopped"
 	ReasonRestarted = "exec actor restarted after a crash"
 )
@@ -55,104 +56,33 @@ type Deps struct {
 
 // Props returns the props of the execs parent.
 func Props(d *Deps) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor {
-		return &parent{d: d, children: map[string]*actor.PID{}}
-	}, append([]actor.PropsOption{actor.WithSupervisor(childStrategy)}, d.PropsOptions...)...)
+	return jobparent.Props(&jobparent.Kind{
+		Ledger: d.Ledger, Kind: ledger.Exec, Noun: "exec", IDField: "exec_id",
+		ChildName: ChildName,
+		NewChild:  func(id string) actor.Actor { return &child{d: d, id: id} },
+		Unstarted: func(sys *actor.ActorSystem, id, reason string) {
+			d.report(sys, id, &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason})
+		},
+		Finished: func(m any) (string, bool) {
+			f, ok := m.(*messages.ExecFinished)
+			if !ok {
+				return "", false
+			}
+			return f.ExecID, true
+		},
+		Cancelled: func(m *messages.Cancel) (string, bool) {
+			if m.ExecID == nil {
+				return "", false
+			}
+			return *m.ExecID, true
+		},
+		Jobs: d.Jobs, Log: d.Log, PropsOptions: d.PropsOptions,
+	})
 }
-
-// childStrategy restarts a crashed exec child; the restart kills its
-// process group and the exec is reported, so the count does not matter.
-var childStrategy = actor.NewOneForOneStrategy(1<<30, 0, actor.DefaultDecider)
 
 // ChildName is the actor name of one exec's child under the parent.
 func ChildName(execID string) string {
 	return ledger.ActorName("exec-", execID)
-}
-
-type parent struct {
-	d        *Deps
-	children map[string]*actor.PID
-	// closing: the shutdown grace expired; nothing new is started.
-	closing bool
-}
-
-func (p *parent) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
-	case *actor.Started, *messages.Queued:
-		p.spawnPending(ctx)
-	case *messages.ExecFinished:
-		if pid, ok := p.children[m.ExecID]; ok {
-			delete(p.children, m.ExecID)
-			ctx.Stop(pid)
-		}
-	case *messages.Cancel:
-		if m.ExecID != nil {
-			p.abort(ctx, *m.ExecID, ReasonCancelled, false)
-		}
-	case *messages.GraceExpired:
-		p.closing = true
-		for id := range p.children {
-			p.abort(ctx, id, messages.CancelledShutdownMessage, true)
-		}
-		p.spawnPending(ctx)
-	case *actor.Terminated:
-		for id, pid := range p.children {
-			if pid.Equal(m.Who) {
-				delete(p.children, id)
-			}
-		}
-	}
-}
-
-// spawnPending starts a child for every accepted exec without one; once
-// closing, it reports them instead.
-func (p *parent) spawnPending(ctx actor.Context) {
-	for _, e := range p.d.Ledger.Unclaimed(ledger.Exec) {
-		if _, ok := p.children[e.ID]; ok {
-			continue
-		}
-		if p.closing {
-			p.reportUnstarted(ctx, e.ID, messages.CancelledShutdownMessage)
-			continue
-		}
-		props := actor.PropsFromProducer(func() actor.Actor {
-			return &child{d: p.d, id: e.ID}
-		}, p.d.PropsOptions...)
-		pid, err := ctx.SpawnNamed(props, ChildName(e.ID))
-		if err != nil {
-			p.d.Log.Error().Err(err).Str("exec_id", e.ID).Msg("cannot spawn exec actor")
-			p.reportUnstarted(ctx, e.ID, "spawn failed: "+err.Error())
-			continue
-		}
-		p.children[e.ID] = pid
-	}
-}
-
-func (p *parent) abort(ctx actor.Context, id, reason string, hard bool) {
-	if pid, ok := p.children[id]; ok {
-		ctx.Send(pid, &messages.Abort{Reason: reason, Hard: hard})
-		return
-	}
-	if _, ok := p.d.Ledger.Get(ledger.Exec, id); ok {
-		p.reportUnstarted(ctx, id, reason)
-		return
-	}
-	p.d.Log.Info().Str("exec_id", id).Msg("cancel for an exec that is not running; ignored")
-}
-
-// reportUnstarted ends an exec that never got a process.
-func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
-	if _, ok := p.d.Ledger.Claim(ledger.Exec, id); !ok {
-		return
-	}
-	res := &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason}
-	sys := ctx.ActorSystem()
-	// Storing the result touches the disk: not inside Receive.
-	p.d.Jobs.Add(1)
-	go func() {
-		defer p.d.Jobs.Done()
-		p.d.report(sys, id, res)
-	}()
 }
 
 type child struct {

@@ -1,5 +1,5 @@
-// Package invocations owns the `run` command: a parent actor with one child
-// per running invocation. The child picks the runner from the injected
+// Package invocations owns the `run` command: the child actor of each
+// running invocation under a parent of package jobparent. The child picks the runner from the injected
 // registry by run_config.runner (the default runner only when that is
 // absent; an unknown kind fails the run with "unknown runner kind: X"),
 // feeds the runner's output into the ledger's stdout tail, and acks the
@@ -27,6 +27,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"nymph/actors/jobparent"
 	"nymph/actors/ledger"
 	"nymph/actors/payload"
 	"nymph/messages"
@@ -35,7 +36,7 @@ import (
 
 // Reasons a run ends early; they become the Cancelled error's message.
 const (
-	ReasonCancelled = "cancelled"
+	ReasonCancelled = jobparent.ReasonCancelled
 	ReasonStopped   = "invocation actor stopped"
 	ReasonRestarted = "invocation actor restarted after a crash"
 )
@@ -69,99 +70,34 @@ type Deps struct {
 
 // Props returns the props of the invocations parent.
 func Props(d *Deps) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor {
-		return &parent{d: d, children: map[string]*actor.PID{}}
-	}, append([]actor.PropsOption{actor.WithSupervisor(childStrategy)}, d.PropsOptions...)...)
+	return jobparent.Props(&jobparent.Kind{
+		Ledger: d.Ledger, Kind: ledger.Run, Noun: "invocation", IDField: "invocation_id",
+		ChildName: ChildName,
+		NewChild:  func(id string) actor.Actor { return &child{d: d, id: id} },
+		Unstarted: func(sys *actor.ActorSystem, id, reason string) {
+			d.report(sys, &messages.Ack{InvocationID: id, State: messages.StateKilled,
+				Error: &messages.AckError{Type: messages.ErrorTypeCancelled, Message: reason}})
+		},
+		Finished: func(m any) (string, bool) {
+			f, ok := m.(*messages.RunFinished)
+			if !ok {
+				return "", false
+			}
+			return f.InvocationID, true
+		},
+		Cancelled: func(m *messages.Cancel) (string, bool) {
+			if m.InvocationID == nil {
+				return "", false
+			}
+			return *m.InvocationID, true
+		},
+		Jobs: d.Jobs, Log: d.Log, PropsOptions: d.PropsOptions,
+	})
 }
-
-var childStrategy = actor.NewOneForOneStrategy(1<<30, 0, actor.DefaultDecider)
 
 // ChildName is the actor name of one run's child under the parent.
 func ChildName(invocationID string) string {
 	return ledger.ActorName("run-", invocationID)
-}
-
-type parent struct {
-	d        *Deps
-	children map[string]*actor.PID
-	closing  bool
-}
-
-func (p *parent) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
-	case *actor.Started, *messages.Queued:
-		p.spawnPending(ctx)
-	case *messages.RunFinished:
-		if pid, ok := p.children[m.InvocationID]; ok {
-			delete(p.children, m.InvocationID)
-			ctx.Stop(pid)
-		}
-	case *messages.Cancel:
-		if m.InvocationID != nil {
-			p.abort(ctx, *m.InvocationID, ReasonCancelled)
-		}
-	case *messages.GraceExpired:
-		p.closing = true
-		for id := range p.children {
-			p.abort(ctx, id, messages.CancelledShutdownMessage)
-		}
-		p.spawnPending(ctx)
-	case *actor.Terminated:
-		for id, pid := range p.children {
-			if pid.Equal(m.Who) {
-				delete(p.children, id)
-			}
-		}
-	}
-}
-
-func (p *parent) spawnPending(ctx actor.Context) {
-	for _, e := range p.d.Ledger.Unclaimed(ledger.Run) {
-		if _, ok := p.children[e.ID]; ok {
-			continue
-		}
-		if p.closing {
-			p.reportUnstarted(ctx, e.ID, messages.CancelledShutdownMessage)
-			continue
-		}
-		props := actor.PropsFromProducer(func() actor.Actor {
-			return &child{d: p.d, id: e.ID}
-		}, p.d.PropsOptions...)
-		pid, err := ctx.SpawnNamed(props, ChildName(e.ID))
-		if err != nil {
-			p.d.Log.Error().Err(err).Str("invocation_id", e.ID).Msg("cannot spawn invocation actor")
-			p.reportUnstarted(ctx, e.ID, "spawn failed: "+err.Error())
-			continue
-		}
-		p.children[e.ID] = pid
-	}
-}
-
-func (p *parent) abort(ctx actor.Context, id, reason string) {
-	if pid, ok := p.children[id]; ok {
-		ctx.Send(pid, &messages.Abort{Reason: reason})
-		return
-	}
-	if _, ok := p.d.Ledger.Get(ledger.Run, id); ok {
-		p.reportUnstarted(ctx, id, reason)
-		return
-	}
-	p.d.Log.Info().Str("invocation_id", id).Msg("cancel for an invocation that is not running; ignored")
-}
-
-// reportUnstarted acks a run that never started as killed.
-func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
-	if _, ok := p.d.Ledger.Claim(ledger.Run, id); !ok {
-		return
-	}
-	ack := &messages.Ack{InvocationID: id, State: messages.StateKilled,
-		Error: &messages.AckError{Type: messages.ErrorTypeCancelled, Message: reason}}
-	sys := ctx.ActorSystem()
-	p.d.Jobs.Add(1)
-	go func() {
-		defer p.d.Jobs.Done()
-		p.d.report(sys, ack)
-	}()
 }
 
 type child struct {

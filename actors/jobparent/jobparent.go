@@ -1,0 +1,151 @@
+// Package jobparent owns the parent actor shared by the exec and the run
+// paths: one child actor per job the ledger holds for a kind, spawned once
+// the job is accepted; a cancel routed to the job's child, or, for a job
+// that never got one, reported as ended unstarted; at the end of the
+// shutdown grace every child aborted hard and every waiting job reported;
+// a finished job's child retired.
+//
+// What differs between the kinds (the child actor, the report of a job
+// that never ran, which notice names which job) comes from a Kind. The
+// bookkeeping that makes a job run once and report once stays in the
+// ledger: a child claims its job there, and the parent only reports a job
+// it manages to claim itself.
+package jobparent
+
+import (
+	"sync"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"nymph/actors/ledger"
+	"nymph/messages"
+)
+
+// ReasonCancelled is the reason a job cancelled by the operator ends with.
+const ReasonCancelled = "cancelled"
+
+// Kind is what the parent needs to know of the jobs it supervises. It
+// outlives every incarnation of the parent. The functions are called on
+// the parent's mailbox, except Unstarted, which runs on a goroutine of its
+// own (reporting touches the disk).
+type Kind struct {
+	Ledger *ledger.Ledger
+	Kind   ledger.Kind
+	// Noun names a job in logs ("exec"), IDField its id ("exec_id").
+	Noun, IDField string
+	// ChildName is the actor name of a job's child.
+	ChildName func(id string) string
+	// NewChild makes the child actor that runs a job.
+	NewChild func(id string) actor.Actor
+	// Unstarted reports a job that never ran; the parent has claimed it.
+	Unstarted func(sys *actor.ActorSystem, id, reason string)
+	// Finished is the id of the job a finished notice names, if m is one.
+	Finished func(m any) (string, bool)
+	// Cancelled is the id of the job a Cancel names, if it names one of
+	// this kind.
+	Cancelled func(m *messages.Cancel) (string, bool)
+	// Jobs counts the goroutines reporting unstarted jobs.
+	Jobs *sync.WaitGroup
+	Log  zerolog.Logger
+	// PropsOptions are added to the parent and to every child.
+	PropsOptions []actor.PropsOption
+}
+
+// childStrategy restarts a crashed child; the restart ends its job, which
+// is reported, so the count does not matter.
+var childStrategy = actor.NewOneForOneStrategy(1<<30, 0, actor.DefaultDecider)
+
+// Props returns the props of a parent of k's jobs.
+func Props(k *Kind) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &parent{k: k, children: map[string]*actor.PID{}}
+	}, append([]actor.PropsOption{actor.WithSupervisor(childStrategy)}, k.PropsOptions...)...)
+}
+
+type parent struct {
+	k        *Kind
+	children map[string]*actor.PID
+	// closing: the shutdown grace expired; nothing new is started.
+	closing bool
+}
+
+func (p *parent) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started, *messages.Queued:
+		p.spawnPending(ctx)
+	case *messages.Cancel:
+		if id, ok := p.k.Cancelled(m); ok {
+			p.abort(ctx, id, ReasonCancelled, false)
+		}
+	case *messages.GraceExpired:
+		p.closing = true
+		for id := range p.children {
+			p.abort(ctx, id, messages.CancelledShutdownMessage, true)
+		}
+		p.spawnPending(ctx)
+	case *actor.Terminated:
+		for id, pid := range p.children {
+			if pid.Equal(m.Who) {
+				delete(p.children, id)
+			}
+		}
+	default:
+		if id, ok := p.k.Finished(m); ok {
+			if pid, ok := p.children[id]; ok {
+				delete(p.children, id)
+				ctx.Stop(pid)
+			}
+		}
+	}
+}
+
+// spawnPending starts a child for every accepted job without one; once
+// closing, it reports them instead.
+func (p *parent) spawnPending(ctx actor.Context) {
+	for _, e := range p.k.Ledger.Unclaimed(p.k.Kind) {
+		if _, ok := p.children[e.ID]; ok {
+			continue
+		}
+		if p.closing {
+			p.reportUnstarted(ctx, e.ID, messages.CancelledShutdownMessage)
+			continue
+		}
+		id := e.ID
+		props := actor.PropsFromProducer(func() actor.Actor { return p.k.NewChild(id) }, p.k.PropsOptions...)
+		pid, err := ctx.SpawnNamed(props, p.k.ChildName(id))
+		if err != nil {
+			p.k.Log.Error().Err(err).Str(p.k.IDField, id).Msgf("cannot spawn %s actor", p.k.Noun)
+			p.reportUnstarted(ctx, id, "spawn failed: "+err.Error())
+			continue
+		}
+		p.children[id] = pid
+	}
+}
+
+// abort ends job id: through its child, or as unstarted when it has none.
+// Hard asks the child to kill at once rather than after its grace.
+func (p *parent) abort(ctx actor.Context, id, reason string, hard bool) {
+	if pid, ok := p.children[id]; ok {
+		ctx.Send(pid, &messages.Abort{Reason: reason, Hard: hard})
+		return
+	}
+	if _, ok := p.k.Ledger.Get(p.k.Kind, id); ok {
+		p.reportUnstarted(ctx, id, reason)
+		return
+	}
+	p.k.Log.Info().Str(p.k.IDField, id).Msgf("cancel for an %s that is not running; ignored", p.k.Noun)
+}
+
+// reportUnstarted ends a job that never got to run.
+func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
+	if _, ok := p.k.Ledger.Claim(p.k.Kind, id); !ok {
+		return
+	}
+	sys := ctx.ActorSystem()
+	p.k.Jobs.Add(1)
+	go func() {
+		defer p.k.Jobs.Done()
+		p.k.Unstarted(sys, id, reason)
+	}()
+}
