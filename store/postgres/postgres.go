@@ -70,7 +70,7 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		return nil, fmt.Errorf("postgres: migrate: %w", err)
 	}
 	sdb := stdlib.OpenDBFromPool(pool)
-	return &DB{DB: sqlstore.New(sdb, sdb, dialect()), pool: pool}, nil
+	return &DB{DB: sqlstore.New(sdb, sdb, dialect(pool)), pool: pool}, nil
 }
 
 // Close closes the pool.
@@ -81,9 +81,10 @@ func (db *DB) Close() error {
 }
 
 // dialect is PostgreSQL's: numbered placeholders, row locks, READ
-// COMMITTED writes retried on deadlock, REPEATABLE READ snapshots, and
-// statements detached from their caller's cancellation.
-func dialect() sqlstore.Dialect {
+// COMMITTED writes retried on deadlock, REPEATABLE READ snapshots,
+// statements detached from their caller's cancellation, and transactions
+// run on pgx itself (see runTx).
+func dialect(pool *pgxpool.Pool) sqlstore.Dialect {
 	return sqlstore.Dialect{
 		Placeholders:          sqlstore.Dollar,
 		ForUpdate:             " FOR UPDATE",
@@ -93,7 +94,73 @@ func dialect() sqlstore.Dialect {
 		Retryable:             retryable,
 		IsPrimaryKeyViolation: isPrimaryKeyViolation,
 		StatementContext:      detach,
+		RunTx: func(ctx context.Context, opts *sql.TxOptions, fn func(sqlstore.Tx) error) error {
+			return runTx(ctx, pool, opts, fn)
+		},
 	}
+}
+
+// runTx runs fn in a transaction on pgx directly. Through database/sql the
+// same statements cost a goroutine per transaction and one per result set
+// (each woken when it ends): on a small machine those wake-ups took a
+// quarter more time than the round trips themselves.
+func runTx(ctx context.Context, pool *pgxpool.Pool, opts *sql.TxOptions, fn func(sqlstore.Tx) error) error {
+	var o pgx.TxOptions
+	if opts != nil {
+		switch opts.Isolation {
+		case sql.LevelDefault:
+		case sql.LevelReadCommitted:
+			o.IsoLevel = pgx.ReadCommitted
+		case sql.LevelRepeatableRead:
+			o.IsoLevel = pgx.RepeatableRead
+		case sql.LevelSerializable:
+			o.IsoLevel = pgx.Serializable
+		default:
+			return fmt.Errorf("begin: isolation level %v not supported", opts.Isolation)
+		}
+		if opts.ReadOnly {
+			o.AccessMode = pgx.ReadOnly
+		}
+	}
+	tx, err := pool.BeginTx(ctx, o)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(pgxTx{tx}); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// pgxTx is a pgx transaction as sqlstore runs its queries on it.
+type pgxTx struct{ tx pgx.Tx }
+
+func (t pgxTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	tag, err := t.tx.Exec(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+func (t pgxTx) Query(ctx context.Context, query string, args ...any) (sqlstore.Rows, error) {
+	rs, err := t.tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgxRows{rs}, nil
+}
+
+// pgxRows reports on Close what pgx reports in Err once closed.
+type pgxRows struct{ pgx.Rows }
+
+func (r pgxRows) Close() error {
+	r.Rows.Close()
+	return r.Rows.Err()
 }
 
 // Pool is the connection pool, for tests that inspect the database.

@@ -52,6 +52,13 @@ type Dialect struct {
 	// runs on from the caller's; nil runs it on the caller's context. The
 	// caller's cancellation is checked before each statement either way.
 	StatementContext func(ctx context.Context) (context.Context, context.CancelFunc)
+	// RunTx, when set, runs every transaction on the engine's own driver
+	// rather than through a database/sql Tx: it begins one with opts on
+	// ctx (already derived by StatementContext), runs fn on it, commits if
+	// fn returns nil and rolls back otherwise. database/sql watches each
+	// transaction and each result in a goroutine of its own, which costs
+	// a client of a networked server more than the statements do.
+	RunTx func(ctx context.Context, opts *sql.TxOptions, fn func(Tx) error) error
 }
 
 // forUpdateOf locks only the rows of the given table alias (PostgreSQL
@@ -160,11 +167,19 @@ func (db *DB) tryTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	}
 	tctx, cancel := db.d.statementContext(ctx)
 	defer cancel()
+	if db.d.RunTx != nil {
+		return db.d.RunTx(tctx, opts, func(tx Tx) error {
+			if err := fn(querier{c: tx, d: db.d, tctx: tctx}); err != nil {
+				return err
+			}
+			return ctx.Err()
+		})
+	}
 	tx, err := pool.BeginTx(tctx, opts)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	err = fn(querier{c: tx, d: db.d})
+	err = fn(querier{c: sqlConn{tx}, d: db.d, tctx: tctx})
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -178,48 +193,92 @@ func (db *DB) tryTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	return nil
 }
 
-func (db *DB) reader() querier { return querier{c: db.r, d: db.d} }
+func (db *DB) reader() querier { return querier{c: sqlConn{db.r}, d: db.d} }
 
-func (db *DB) writer() querier { return querier{c: db.w, d: db.d} }
+func (db *DB) writer() querier { return querier{c: sqlConn{db.w}, d: db.d} }
 
-// conn is what *sql.DB and *sql.Tx both offer.
-type conn interface {
+// Tx is a transaction on an engine's own driver (see Dialect.RunTx): what
+// the store's queries need of it. Queries arrive rebound for the dialect.
+type Tx interface {
+	// Exec runs a statement and returns how many rows it changed.
+	Exec(ctx context.Context, query string, args ...any) (int64, error)
+	Query(ctx context.Context, query string, args ...any) (Rows, error)
+}
+
+// Rows is a result being read; Close reports a failure the statement met
+// after its last row.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close() error
+}
+
+// sqlDBOrTx is what *sql.DB and *sql.Tx both offer.
+type sqlDBOrTx interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// querier runs the package's queries on a pool or a transaction, rebound
-// for the dialect and each on the dialect's statement context.
-type querier struct {
-	c conn
-	d *Dialect
-}
+// sqlConn is a database/sql pool or transaction as a Tx.
+type sqlConn struct{ c sqlDBOrTx }
 
-func (q querier) Exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	sctx, cancel := q.d.statementContext(ctx)
-	defer cancel()
-	return q.c.ExecContext(sctx, q.d.rebind(query), args...)
-}
-
-// affected runs a statement and returns how many rows it changed.
-func (q querier) affected(ctx context.Context, query string, args ...any) (int64, error) {
-	res, err := q.Exec(ctx, query, args...)
+func (s sqlConn) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := s.c.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err
 	}
 	return res.RowsAffected()
 }
 
+func (s sqlConn) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	rs, err := s.c.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rs, nil
+}
+
+// querier runs the package's queries on a pool or a transaction, rebound
+// for the dialect and each on the dialect's statement context.
+type querier struct {
+	c Tx
+	d *Dialect
+	// tctx is the context of the transaction q runs in, already derived
+	// by the dialect: its statements run on it rather than on a context
+	// (and a timer) of their own. Nil outside a transaction.
+	tctx context.Context
+}
+
+// statementContext is the context a statement runs on.
+func (q querier) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if q.tctx != nil {
+		return q.tctx, func() {}
+	}
+	return q.d.statementContext(ctx)
+}
+
+// Exec runs a statement and returns how many rows it changed.
+func (q querier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	sctx, cancel := q.statementContext(ctx)
+	defer cancel()
+	return q.c.Exec(sctx, q.d.rebind(query), args...)
+}
+
+// affected runs a statement and returns how many rows it changed.
+func (q querier) affected(ctx context.Context, query string, args ...any) (int64, error) {
+	return q.Exec(ctx, query, args...)
+}
+
 func (q querier) Query(ctx context.Context, query string, args ...any) (*rows, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	sctx, cancel := q.d.statementContext(ctx)
-	rs, err := q.c.QueryContext(sctx, q.d.rebind(query), args...)
+	sctx, cancel := q.statementContext(ctx)
+	rs, err := q.c.Query(sctx, q.d.rebind(query), args...)
 	if err != nil {
 		cancel()
 		return nil, err
@@ -227,17 +286,19 @@ func (q querier) Query(ctx context.Context, query string, args ...any) (*rows, e
 	return &rows{Rows: rs, cancel: cancel}, nil
 }
 
+// QueryRow runs a query for its first row, as database/sql's QueryRow:
+// no row scans as sql.ErrNoRows.
 func (q querier) QueryRow(ctx context.Context, query string, args ...any) rowScanner {
-	if err := ctx.Err(); err != nil {
+	rs, err := q.Query(ctx, query, args...)
+	if err != nil {
 		return errRow{err}
 	}
-	sctx, cancel := q.d.statementContext(ctx)
-	return row{q.c.QueryRowContext(sctx, q.d.rebind(query), args...), cancel}
+	return row{rs}
 }
 
 // rows releases the statement's context when closed.
 type rows struct {
-	*sql.Rows
+	Rows
 	cancel context.CancelFunc
 }
 
@@ -247,15 +308,22 @@ func (r *rows) Close() error {
 	return err
 }
 
-// row releases the statement's context once scanned.
-type row struct {
-	r      *sql.Row
-	cancel context.CancelFunc
-}
+// row scans the first row of its result and closes it.
+type row struct{ rs *rows }
 
 func (r row) Scan(dest ...any) error {
-	defer r.cancel()
-	return r.r.Scan(dest...)
+	var err error
+	if r.rs.Next() {
+		err = r.rs.Scan(dest...)
+	} else if err = r.rs.Err(); err == nil {
+		err = sql.ErrNoRows
+	}
+	// A statement can fail after its rows (a deferred constraint, a
+	// RETURNING whose write fails late): that failure is the answer.
+	if cerr := r.rs.Close(); cerr != nil && (err == nil || errors.Is(err, sql.ErrNoRows)) {
+		err = cerr
+	}
+	return err
 }
 
 // errRow is a row that was never queried.
