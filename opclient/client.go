@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -134,7 +135,7 @@ func (c *Client) submitExec(ctx context.Context, route string, p params, req ope
 	var acc operatorapi.ExecAccepted
 	q := url.Values{}
 	if wait > 0 {
-		q.Set("wait", fmt.Sprint(int64((wait+time.Second-1)/time.Second)))
+		q.Set("wait", strconv.FormatFloat(wait.Seconds(), 'f', -1, 64))
 	}
 	resp, where, err := c.send(ctx, route, p, q, req)
 	if err != nil {
@@ -175,8 +176,7 @@ func (c *Client) QueueExec(ctx context.Context, req operatorapi.ExecRequest) (op
 func (c *Client) GetExec(ctx context.Context, execID string, wait time.Duration, offset int64) (operatorapi.Exec, error) {
 	q := url.Values{}
 	if wait > 0 {
-		secs := int64((wait + time.Second - 1) / time.Second)
-		q.Set("wait", fmt.Sprint(secs))
+		q.Set("wait", strconv.FormatFloat(wait.Seconds(), 'f', -1, 64))
 	}
 	if offset > 0 {
 		q.Set("offset", fmt.Sprint(offset))

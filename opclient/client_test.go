@@ -210,7 +210,7 @@ func TestExecRoundTrip(t *testing.T) {
 	if string(ex.Output) != "hi\n" || ex.NextOffset != 7 || ex.Result == nil || ex.Result.ExitCode != 3 {
 		t.Fatalf("exec = %+v", ex)
 	}
-	if q := f.last(t).query; q != "offset=4&wait=2" {
+	if q := f.last(t).query; q != "offset=4&wait=1.5" { // the server takes fractions
 		t.Fatalf("get exec query = %q", q)
 	}
 	if _, err := c.GetExec(ctx(t), "e1", 0, 0); err != nil {
