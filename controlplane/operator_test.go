@@ -17,7 +17,7 @@ func TestOperatorAuth(t *testing.T) {
 	routes := []string{
 		operatorapi.RouteListWorkers, operatorapi.RouteGetWorker, operatorapi.RouteKillWorker, operatorapi.RouteCleanup,
 		operatorapi.RouteWorkerExec, operatorapi.RouteQueueExec, operatorapi.RouteGetExec, operatorapi.RouteSetup,
-		operatorapi.RouteHibernate, operatorapi.RouteReset, operatorapi.RouteCancel, operatorapi.RouteCreateToken,
+		operatorapi.RouteHibernate, operatorapi.RouteReset, operatorapi.RouteCancel, operatorapi.RouteCreateToken, operatorapi.RouteListTokens, operatorapi.RouteRevokeToken,
 		operatorapi.RouteListCommands,
 	}
 	for _, route := range routes {
@@ -48,7 +48,7 @@ func TestOperatorAuth(t *testing.T) {
 // routeURL fills an operatorapi route's placeholders.
 func routeURL(route, worker, exec string) (method, path string) {
 	method, path, _ = strings.Cut(route, " ")
-	path = strings.NewReplacer("{ns}", "default", "{id}", worker, "{exec_id}", exec, "{inv_id}", "inv").Replace(path)
+	path = strings.NewReplacer("{ns}", "default", "{id}", worker, "{exec_id}", exec, "{inv_id}", "inv", "{token_id}", "tok").Replace(path)
 	return method, path
 }
 
@@ -385,5 +385,59 @@ func TestExecSubmitWithWait(t *testing.T) {
 	rr = e.op(http.MethodPost, "/v1/namespaces/default/exec", operatorapi.ExecRequest{Command: "true", Queue: "default"})
 	if rr.status != http.StatusAccepted || !strings.HasPrefix(rr.header.Get("Content-Type"), "application/json") {
 		t.Fatalf("queue exec without wait: %d %q", rr.status, rr.header.Get("Content-Type"))
+	}
+}
+
+// A minted daemon token works until it is revoked; from then on every
+// request made with it is refused, and the listing says so.
+func TestTokenListAndRevoke(t *testing.T) {
+	e := newEnv(t)
+	r := e.op(http.MethodPost, "/v1/tokens", operatorapi.TokenRequest{Kind: operatorapi.TokenDaemon, Label: "rig-7"})
+	if r.status != http.StatusCreated {
+		t.Fatalf("create: %d %q", r.status, r.body)
+	}
+	minted := decodeJS[operatorapi.TokenResponse](t, r)
+	if minted.ID == "" || !strings.HasPrefix(minted.Token, "dlt_") {
+		t.Fatalf("minted %+v", minted)
+	}
+	if r := e.daemonAs(minted.Token, "/v1/daemon/hello", helloReq("m", "rig-7")); r.status != http.StatusOK {
+		t.Fatalf("hello with the new token: %d %q", r.status, r.body)
+	}
+	list := decodeJS[operatorapi.TokenList](t, e.op(http.MethodGet, "/v1/tokens", nil))
+	if len(list.Tokens) != 1 || list.Tokens[0].ID != minted.ID || list.Tokens[0].State != operatorapi.TokenActive || list.Tokens[0].Label != "rig-7" {
+		t.Fatalf("list %+v", list)
+	}
+	if strings.Contains(string(e.op(http.MethodGet, "/v1/tokens", nil).body), minted.Token) {
+		t.Fatal("the listing shows a secret")
+	}
+
+	r = e.op(http.MethodDelete, "/v1/tokens/"+minted.ID, nil)
+	info := decodeJS[operatorapi.TokenInfo](t, r)
+	if r.status != http.StatusOK || info.State != operatorapi.TokenRevoked || info.RevokedAt == nil {
+		t.Fatalf("revoke: %d %+v", r.status, info)
+	}
+	for _, path := range []string{"/v1/daemon/hello", "/v1/daemon/poll"} {
+		var body any = helloReq("m", "rig-7")
+		if path == "/v1/daemon/poll" {
+			body = &messages.PollRequest{WorkerID: "w", TimeoutS: 0}
+		}
+		if r := e.daemonAs(minted.Token, path, body); r.status != http.StatusUnauthorized {
+			t.Fatalf("%s with a revoked token: %d %q", path, r.status, r.body)
+		}
+	}
+	list = decodeJS[operatorapi.TokenList](t, e.op(http.MethodGet, "/v1/tokens", nil))
+	if len(list.Tokens) != 1 || list.Tokens[0].State != operatorapi.TokenRevoked {
+		t.Fatalf("list after revoke %+v", list)
+	}
+	// Again: the same answer, the first revocation time kept.
+	again := decodeJS[operatorapi.TokenInfo](t, e.op(http.MethodDelete, "/v1/tokens/"+minted.ID, nil))
+	if again.RevokedAt == nil || !again.RevokedAt.Equal(*info.RevokedAt) {
+		t.Fatalf("revoke again %+v", again)
+	}
+	if r := e.op(http.MethodDelete, "/v1/tokens/nope", nil); r.status != http.StatusNotFound || errField(t, r) != "token_id" {
+		t.Fatalf("unknown token: %d %q", r.status, r.body)
+	}
+	if r := e.op(http.MethodDelete, "/v1/tokens/..%2f", nil); r.status != http.StatusNotFound {
+		t.Fatalf("bad token id: %d %q", r.status, r.body)
 	}
 }

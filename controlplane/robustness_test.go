@@ -58,7 +58,7 @@ func TestRandomInputNeverFails(t *testing.T) {
 	for _, r := range []string{
 		operatorapi.RouteListWorkers, operatorapi.RouteGetWorker, operatorapi.RouteCleanup, operatorapi.RouteWorkerExec,
 		operatorapi.RouteQueueExec, operatorapi.RouteGetExec, operatorapi.RouteSetup, operatorapi.RouteHibernate,
-		operatorapi.RouteReset, operatorapi.RouteCancel, operatorapi.RouteCreateToken, operatorapi.RouteListCommands,
+		operatorapi.RouteReset, operatorapi.RouteCancel, operatorapi.RouteCreateToken, operatorapi.RouteListTokens, operatorapi.RouteRevokeToken, operatorapi.RouteListCommands,
 		operatorapi.RouteKillWorker, // last: it removes the worker the others use
 	} {
 		method, path := routeURL(r, worker, acc.ExecID)

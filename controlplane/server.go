@@ -334,6 +334,8 @@ func (s *Server) routes() *http.ServeMux {
 	mux.HandleFunc(operatorapi.RouteReset, s.adminAuth(s.handleReset))
 	mux.HandleFunc(operatorapi.RouteCancel, s.adminAuth(s.handleCancel))
 	mux.HandleFunc(operatorapi.RouteCreateToken, s.adminAuth(s.handleCreateToken))
+	mux.HandleFunc(operatorapi.RouteListTokens, s.adminAuth(s.handleListTokens))
+	mux.HandleFunc(operatorapi.RouteRevokeToken, s.adminAuth(s.handleRevokeToken))
 	mux.HandleFunc(operatorapi.RouteListCommands, s.adminAuth(s.handleListCommands))
 	mux.HandleFunc(operatorapi.RouteRotateKey, s.adminAuth(s.handleRotateKey))
 	mux.HandleFunc(operatorapi.RouteRevokeKey, s.adminAuth(s.handleRevokeKey))

@@ -69,5 +69,56 @@ func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info().Str("token_id", t.ID).Str("kind", t.Kind).Str("label", t.Label).Msg("token minted")
-	writeJSON(w, http.StatusCreated, operatorapi.TokenResponse{Token: secret, Kind: req.Kind, ExpiresAt: t.ExpiresAt})
+	writeJSON(w, http.StatusCreated, operatorapi.TokenResponse{Token: secret, ID: t.ID, Kind: req.Kind, ExpiresAt: t.ExpiresAt})
+}
+
+func (s *Server) handleListTokens(w http.ResponseWriter, r *http.Request) {
+	ts, err := s.st.ListTokens(r.Context())
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	out := operatorapi.TokenList{Tokens: make([]operatorapi.TokenInfo, 0, len(ts))}
+	now := s.now()
+	for _, t := range ts {
+		out.Tokens = append(out.Tokens, tokenInfo(t, now))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// handleRevokeToken revokes a token at once: the daemon route guard reads
+// the token on every request, so the next request made with it is refused.
+// Revoking a revoked token answers it again.
+func (s *Server) handleRevokeToken(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("token_id")
+	if !validPathID(id) {
+		writeOperatorError(w, badField(http.StatusNotFound, "token_id", "no such token"))
+		return
+	}
+	t, err := s.st.RevokeToken(r.Context(), id, s.now())
+	if isNotFound(err) {
+		writeOperatorError(w, badField(http.StatusNotFound, "token_id", "no such token"))
+		return
+	}
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	s.log.Info().Str("token_id", t.ID).Str("kind", t.Kind).Str("label", t.Label).Msg("token revoked")
+	writeJSON(w, http.StatusOK, tokenInfo(t, s.now()))
+}
+
+// tokenInfo is what an operator sees of t at now.
+func tokenInfo(t store.Token, now time.Time) operatorapi.TokenInfo {
+	info := operatorapi.TokenInfo{ID: t.ID, Kind: t.Kind, Label: t.Label, State: operatorapi.TokenActive,
+		CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, ConsumedAt: t.ConsumedAt, RevokedAt: t.RevokedAt}
+	switch {
+	case t.RevokedAt != nil:
+		info.State = operatorapi.TokenRevoked
+	case t.ConsumedAt != nil:
+		info.State = operatorapi.TokenConsumed
+	case t.ExpiresAt != nil && !now.Before(*t.ExpiresAt):
+		info.State = operatorapi.TokenExpired
+	}
+	return info
 }

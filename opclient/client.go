@@ -226,6 +226,24 @@ func (c *Client) CreateToken(ctx context.Context, req operatorapi.TokenRequest) 
 	return out, err
 }
 
+// ListTokens lists every minted token, oldest first (RouteListTokens).
+func (c *Client) ListTokens(ctx context.Context) ([]operatorapi.TokenInfo, error) {
+	var out operatorapi.TokenList
+	err := c.do(ctx, operatorapi.RouteListTokens, nil, nil, nil, &out)
+	if out.Tokens == nil {
+		out.Tokens = []operatorapi.TokenInfo{}
+	}
+	return out.Tokens, err
+}
+
+// RevokeToken revokes a token by id (RouteRevokeToken); the next request
+// made with it is refused.
+func (c *Client) RevokeToken(ctx context.Context, id string) (operatorapi.TokenInfo, error) {
+	var out operatorapi.TokenInfo
+	err := c.do(ctx, operatorapi.RouteRevokeToken, params{"token_id": id}, nil, nil, &out)
+	return out, err
+}
+
 // ListCommands returns a worker's queued and delivered commands
 // (RouteListCommands). It accepts either a bare JSON array or an object
 // with a "commands" array.

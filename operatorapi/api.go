@@ -25,6 +25,8 @@ const (
 	RouteReset        = "POST /v1/namespaces/{ns}/workers/{id}/reset"
 	RouteCancel       = "POST /v1/namespaces/{ns}/workers/{id}/cancel"
 	RouteCreateToken  = "POST /v1/tokens"
+	RouteListTokens   = "GET /v1/tokens"
+	RouteRevokeToken  = "DELETE /v1/tokens/{token_id}"
 	RouteListCommands = "GET /v1/namespaces/{ns}/workers/{id}/commands"
 )
 
@@ -206,11 +208,38 @@ type TokenRequest struct {
 	Label string `json:"label,omitempty"`
 }
 
-// TokenResponse carries the secret once; it is never shown again.
+// TokenResponse carries the secret once; it is never shown again. ID
+// names the token in RouteListTokens and RouteRevokeToken.
 type TokenResponse struct {
 	Token     string     `json:"token"`
+	ID        string     `json:"id"`
 	Kind      string     `json:"kind"`
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+}
+
+// Token states, derived when a token is read.
+const (
+	TokenActive   = "active"
+	TokenRevoked  = "revoked"
+	TokenExpired  = "expired"
+	TokenConsumed = "consumed"
+)
+
+// TokenInfo describes a minted token, never its secret.
+type TokenInfo struct {
+	ID         string     `json:"id"`
+	Kind       string     `json:"kind"`
+	Label      string     `json:"label,omitempty"`
+	State      string     `json:"state"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	ExpiresAt  *time.Time `json:"expiresAt,omitempty"`
+	ConsumedAt *time.Time `json:"consumedAt,omitempty"`
+	RevokedAt  *time.Time `json:"revokedAt,omitempty"`
+}
+
+// TokenList is the body of RouteListTokens, oldest first.
+type TokenList struct {
+	Tokens []TokenInfo `json:"tokens"`
 }
 
 // CommandInfo is one queued or delivered command, for inspection.

@@ -129,6 +129,11 @@ type Execs interface {
 type Tokens interface {
 	CreateToken(ctx context.Context, t Token) error
 	TokenByHash(ctx context.Context, hash string) (Token, error)
+	// ListTokens returns every token, oldest first.
+	ListTokens(ctx context.Context) ([]Token, error)
+	// RevokeToken marks token id revoked at at and returns it; a token
+	// already revoked keeps its first time. ErrNotFound when there is none.
+	RevokeToken(ctx context.Context, id string, at time.Time) (Token, error)
 }
 
 // Reports keeps what daemons post about invocations. Each is idempotent:

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"nymph/store"
 )
@@ -20,22 +21,69 @@ func (db *DB) CreateToken(ctx context.Context, t store.Token) error {
 	return nil
 }
 
-// TokenByHash implements store.Tokens.
-func (db *DB) TokenByHash(ctx context.Context, hash string) (store.Token, error) {
+// tokenColumns are read by scanToken, in its order.
+const tokenColumns = `id, kind, namespace, label, hash, created_at, expires_at, consumed_at, revoked_at`
+
+// scanToken reads one row of tokenColumns.
+func scanToken(scan func(dest ...any) error) (store.Token, error) {
 	var (
 		t                          store.Token
 		created                    int64
 		expires, consumed, revoked sql.NullInt64
 	)
-	err := db.reader().QueryRow(ctx, `SELECT id, kind, namespace, label, hash, created_at, expires_at, consumed_at, revoked_at
-		FROM tokens WHERE hash = ?`, hash).Scan(&t.ID, &t.Kind, &t.Namespace, &t.Label, &t.Hash, &created, &expires, &consumed, &revoked)
+	if err := scan(&t.ID, &t.Kind, &t.Namespace, &t.Label, &t.Hash, &created, &expires, &consumed, &revoked); err != nil {
+		return store.Token{}, err
+	}
+	t.CreatedAt = fromMs(created)
+	t.ExpiresAt, t.ConsumedAt, t.RevokedAt = fromNullMs(expires), fromNullMs(consumed), fromNullMs(revoked)
+	return t, nil
+}
+
+// TokenByHash implements store.Tokens.
+func (db *DB) TokenByHash(ctx context.Context, hash string) (store.Token, error) {
+	t, err := scanToken(db.reader().QueryRow(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE hash = ?`, hash).Scan)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Token{}, fmt.Errorf("token: %w", store.ErrNotFound)
 	}
 	if err != nil {
 		return store.Token{}, fmt.Errorf("read token: %w", err)
 	}
-	t.CreatedAt = fromMs(created)
-	t.ExpiresAt, t.ConsumedAt, t.RevokedAt = fromNullMs(expires), fromNullMs(consumed), fromNullMs(revoked)
+	return t, nil
+}
+
+// ListTokens implements store.Tokens.
+func (db *DB) ListTokens(ctx context.Context) ([]store.Token, error) {
+	rows, err := db.reader().Query(ctx, `SELECT `+tokenColumns+` FROM tokens ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	defer rows.Close()
+	out := []store.Token{}
+	for rows.Next() {
+		t, err := scanToken(rows.Scan)
+		if err != nil {
+			return nil, fmt.Errorf("list tokens: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	return out, nil
+}
+
+// RevokeToken implements store.Tokens.
+func (db *DB) RevokeToken(ctx context.Context, id string, at time.Time) (store.Token, error) {
+	n, err := db.writer().Exec(ctx, `UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?`, ms(at), id)
+	if err != nil {
+		return store.Token{}, fmt.Errorf("revoke token %s: %w", id, err)
+	}
+	if n == 0 {
+		return store.Token{}, fmt.Errorf("token %s: %w", id, store.ErrNotFound)
+	}
+	t, err := scanToken(db.writer().QueryRow(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = ?`, id).Scan)
+	if err != nil {
+		return store.Token{}, fmt.Errorf("read token %s: %w", id, err)
+	}
 	return t, nil
 }

@@ -183,3 +183,39 @@ func testRebindKeyToRecreatedWorker(t *testing.T, e *env) {
 		t.Fatalf("rebind onto a worker with its own key: %v", err)
 	}
 }
+
+func testTokensListAndRevoke(t *testing.T, e *env) {
+	db := e.open(t)
+	t0 := time.UnixMilli(1_700_000_000_000).UTC()
+	for i, id := range []string{"t1", "t2"} {
+		tok := store.Token{ID: id, Kind: store.TokenDaemon, Namespace: "default", Label: "l-" + id,
+			Hash: "hash-" + id, CreatedAt: t0.Add(time.Duration(i) * time.Second)}
+		if err := db.CreateToken(bg, tok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := db.ListTokens(bg)
+	if err != nil || len(list) != 2 || list[0].ID != "t1" || list[1].ID != "t2" || list[1].Label != "l-t2" || list[0].RevokedAt != nil {
+		t.Fatalf("list %+v: %v", list, err)
+	}
+	at := t0.Add(time.Minute)
+	got, err := db.RevokeToken(bg, "t2", at)
+	if err != nil || got.ID != "t2" || got.RevokedAt == nil || !got.RevokedAt.Equal(at) {
+		t.Fatalf("revoke: %+v %v", got, err)
+	}
+	// Revoking again keeps the first time.
+	if got, err := db.RevokeToken(bg, "t2", at.Add(time.Hour)); err != nil || !got.RevokedAt.Equal(at) {
+		t.Fatalf("revoke again: %+v %v", got, err)
+	}
+	if tok, err := db.TokenByHash(bg, "hash-t2"); err != nil || tok.RevokedAt == nil {
+		t.Fatalf("by hash after revoke: %+v %v", tok, err)
+	}
+	if _, err := db.RevokeToken(bg, "nope", at); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("revoke unknown: %v", err)
+	}
+	// The revocation is durable and seen by every replica.
+	other := e.open(t)
+	if tok, err := other.TokenByHash(bg, "hash-t2"); err != nil || tok.RevokedAt == nil || !tok.RevokedAt.Equal(at) {
+		t.Fatalf("another store: %+v %v", tok, err)
+	}
+}

@@ -49,6 +49,7 @@ func Run(t *testing.T, b Backend) {
 		{"ClaimRespectsCapacityRunnersAndState", testClaimRespectsCapacityRunnersAndState},
 		{"ReportRunningAndLost", testReportRunningAndLost},
 		{"EnrollTokenIsConsumedOnce", testEnrollTokenIsConsumedOnce},
+		{"TokensListAndRevoke", testTokensListAndRevoke},
 		{"KeysLifecycle", testKeysLifecycle},
 		{"RebindKeyToRecreatedWorker", testRebindKeyToRecreatedWorker},
 		{"QueueEditsSurviveHelloAndReopen", testQueueEditsSurviveHelloAndReopen},
