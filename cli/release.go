@@ -13,17 +13,80 @@ func (a *app) releaseCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "release",
 		Aliases: []string{"releases"},
-		Short:   "Publish and list the nymph binaries the control plane serves for updates",
+		Short:   "Publish, list and delete the nymph binaries the control plane serves for updates",
 		Long: `The control plane keeps nymph binaries in its data directory (releases/) and
 serves each one, without a token, at /v1/releases/<version>/<triple> with a
 sha256sum sidecar at the same path plus .sha256. 'lakeshore daemon update'
 points daemons there.`,
 		Example: `  lakeshore release publish ./nymph --version 0.1.10
-  lakeshore release list`,
+  lakeshore release list
+  lakeshore release delete 0.1.9`,
 		Args: cobra.ArbitraryArgs,
 		RunE: groupRun,
 	}
-	cmd.AddCommand(a.releasePublishCmd(), a.releaseListCmd())
+	cmd.AddCommand(a.releasePublishCmd(), a.releaseListCmd(), a.releaseDeleteCmd())
+	return cmd
+}
+
+func (a *app) releaseDeleteCmd() *cobra.Command {
+	var (
+		triple  string
+		jsonOut bool
+	)
+	cmd := &cobra.Command{
+		Use:     "delete <version>",
+		Aliases: []string{"rm"},
+		Short:   "Delete a published release (every triple of the version, or one)",
+		Long: `Delete the binaries published for a version: every triple of it, or only
+--triple. The control plane refuses to delete a version that a namespace
+targets (see 'lakeshore daemon target-version'), since its daemons would be
+sent to a binary that is gone. --json prints {"releases": [...]} with what was
+deleted.`,
+		Example: `  lakeshore release delete 0.1.9
+  lakeshore release delete 0.2.0-rc.1 --triple aarch64-unknown-linux-gnu`,
+		Args: exactArgs(1, "one version"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			version := args[0]
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			triples := []string{triple}
+			if triple == "" {
+				all, err := c.ListReleases(cmd.Context())
+				if err != nil {
+					return err
+				}
+				triples = triples[:0]
+				for _, r := range all {
+					if r.Version == version {
+						triples = append(triples, r.Triple)
+					}
+				}
+				if len(triples) == 0 {
+					return fmt.Errorf("no release %s is published; see `lakeshore release list`", version)
+				}
+			}
+			deleted := []operatorapi.Release{}
+			for _, tr := range triples {
+				rel, err := c.DeleteRelease(cmd.Context(), version, tr)
+				if err != nil {
+					return err
+				}
+				deleted = append(deleted, rel)
+				if !jsonOut {
+					fmt.Fprintf(a.env.Stdout, "deleted %s for %s\n", rel.Version, rel.Triple)
+				}
+			}
+			if jsonOut {
+				return writeJSON(a.env.Stdout, operatorapi.ReleaseList{Releases: deleted})
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&triple, "triple", "", "delete only the binary for this target triple")
+	fs.BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd
 }
 

@@ -287,3 +287,51 @@ func TestQueueVerbsAndMembershipEdits(t *testing.T) {
 		t.Fatalf("fanned-out queue edit: %v %+v", err, r)
 	}
 }
+
+// release delete: every triple of a version, or one; never the target.
+func TestReleaseDelete(t *testing.T) {
+	cp := newRealCP(t)
+	path := filepath.Join(t.TempDir(), "nymph")
+	if err := os.WriteFile(path, bytes.Repeat([]byte("nymph binary "), 100), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const arm = "aarch64-unknown-linux-gnu"
+	for _, p := range [][]string{{"0.1.0", x86Triple}, {"0.1.0", arm}, {"0.2.0", x86Triple}} {
+		if r := cp.run(runOpts{}, "release", "publish", path, "--version", p[0], "--triple", p[1]); r.code != 0 {
+			t.Fatalf("publish %v: %+v", p, r)
+		}
+	}
+	if r := cp.run(runOpts{}, "daemon", "set-target-version", "0.2.0"); r.code != 0 {
+		t.Fatalf("set target: %+v", r)
+	}
+	if r := cp.run(runOpts{}, "release", "delete", "0.2.0"); r.code != cli.ExitError || !strings.Contains(r.stderr, "target version of namespace default") {
+		t.Fatalf("delete the target: %+v", r)
+	}
+	if r := cp.run(runOpts{}, "release", "delete", "0.1.0", "--triple", arm); r.code != 0 || r.stdout != "deleted 0.1.0 for "+arm+"\n" {
+		t.Fatalf("delete one triple: %+v", r)
+	}
+	r := cp.run(runOpts{}, "release", "delete", "0.1.0", "--json")
+	var rl operatorapi.ReleaseList
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &rl) != nil || len(rl.Releases) != 1 || rl.Releases[0].Triple != x86Triple {
+		t.Fatalf("delete the rest of the version: %+v", r)
+	}
+	if r := cp.run(runOpts{}, "release", "delete", "0.1.0"); r.code != cli.ExitError || !strings.Contains(r.stderr, "no release 0.1.0") {
+		t.Fatalf("delete again: %+v", r)
+	}
+	if r := cp.run(runOpts{}, "release", "delete", "0.2.0", "--triple", arm); r.code != cli.ExitError {
+		t.Fatalf("delete the target for another triple: %+v", r)
+	}
+	r = cp.run(runOpts{}, "release", "list", "--json")
+	if json.Unmarshal([]byte(r.stdout), &rl) != nil || len(rl.Releases) != 1 || rl.Releases[0].Version != "0.2.0" {
+		t.Fatalf("left: %+v", r)
+	}
+	// The deleted binary is no longer served.
+	resp, err := http.Get(cp.url + "/v1/releases/0.1.0/" + x86Triple)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("download of a deleted release: %s", resp.Status)
+	}
+}

@@ -17,7 +17,7 @@ func TestOperatorAuth(t *testing.T) {
 	routes := []string{
 		operatorapi.RouteListWorkers, operatorapi.RouteGetWorker, operatorapi.RouteKillWorker, operatorapi.RouteCleanup,
 		operatorapi.RouteWorkerExec, operatorapi.RouteQueueExec, operatorapi.RouteGetExec, operatorapi.RouteSetup,
-		operatorapi.RouteHibernate, operatorapi.RouteReset, operatorapi.RouteCancel, operatorapi.RouteCreateToken, operatorapi.RouteListTokens, operatorapi.RouteRevokeToken,
+		operatorapi.RouteHibernate, operatorapi.RouteReset, operatorapi.RouteCancel, operatorapi.RouteCreateToken, operatorapi.RouteListTokens, operatorapi.RouteRevokeToken, operatorapi.RouteDeleteRelease,
 		operatorapi.RouteListCommands,
 	}
 	for _, route := range routes {
@@ -48,7 +48,7 @@ func TestOperatorAuth(t *testing.T) {
 // routeURL fills an operatorapi route's placeholders.
 func routeURL(route, worker, exec string) (method, path string) {
 	method, path, _ = strings.Cut(route, " ")
-	path = strings.NewReplacer("{ns}", "default", "{id}", worker, "{exec_id}", exec, "{inv_id}", "inv", "{token_id}", "tok").Replace(path)
+	path = strings.NewReplacer("{ns}", "default", "{id}", worker, "{exec_id}", exec, "{inv_id}", "inv", "{token_id}", "tok", "{version}", "0.1.0", "{triple}", "x86_64-unknown-linux-gnu").Replace(path)
 	return method, path
 }
 

@@ -47,6 +47,7 @@ func (s *Server) releaseRoutes(mux *http.ServeMux) {
 	mux.HandleFunc(operatorapi.RouteDownloadRelease, s.handleDownloadRelease)
 	mux.HandleFunc(operatorapi.RoutePublishRelease, s.adminAuth(s.handlePublishRelease))
 	mux.HandleFunc(operatorapi.RouteListReleases, s.adminAuth(s.handleListReleases))
+	mux.HandleFunc(operatorapi.RouteDeleteRelease, s.adminAuth(s.handleDeleteRelease))
 	mux.HandleFunc(operatorapi.RouteGetTargetVersion, s.adminAuth(s.handleGetTargetVersion))
 	mux.HandleFunc(operatorapi.RouteSetTargetVersion, s.adminAuth(s.handleSetTargetVersion))
 	mux.HandleFunc(operatorapi.RouteClearTargetVersion, s.adminAuth(s.handleClearTargetVersion))
@@ -134,6 +135,48 @@ func (s *Server) handlePublishRelease(w http.ResponseWriter, r *http.Request) {
 	s.log.Info().Str("version", rel.Version).Str("triple", rel.Triple).Str("sha256", rel.SHA256).
 		Int64("size", rel.Size).Msg("release published")
 	writeJSON(w, http.StatusCreated, s.releaseView(r, rel))
+}
+
+// handleDeleteRelease removes one published binary. A version that a
+// namespace targets is kept: its daemons would be told to update to a
+// binary that is gone.
+func (s *Server) handleDeleteRelease(w http.ResponseWriter, r *http.Request) {
+	if s.rel.store == nil {
+		writeOperatorError(w, errNoReleaseStore)
+		return
+	}
+	version, triple := r.PathValue("version"), r.PathValue("triple")
+	if err := releases.ValidateVersion(version); err != nil {
+		writeOperatorError(w, releaseFieldError("version", err))
+		return
+	}
+	if err := releases.ValidateTriple(triple); err != nil {
+		writeOperatorError(w, releaseFieldError("triple", err))
+		return
+	}
+	nss, err := s.st.NamespacesTargeting(r.Context(), version)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	if len(nss) > 0 {
+		writeOperatorError(w, badField(http.StatusConflict, "version",
+			"%s is the target version of namespace %s; set another target or clear it first (lakeshore daemon set-target-version)",
+			version, strings.Join(nss, ", ")))
+		return
+	}
+	rel, err := s.rel.store.Delete(version, triple)
+	if errors.Is(err, releases.ErrNotFound) {
+		writeOperatorError(w, badField(http.StatusNotFound, "version", "no release %s for %s", version, triple))
+		return
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("version", version).Str("triple", triple).Msg("delete release")
+		writeOperatorError(w, err)
+		return
+	}
+	s.log.Info().Str("version", rel.Version).Str("triple", rel.Triple).Msg("release deleted")
+	writeJSON(w, http.StatusOK, s.releaseView(r, rel))
 }
 
 func (s *Server) handleListReleases(w http.ResponseWriter, r *http.Request) {

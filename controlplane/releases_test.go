@@ -428,6 +428,8 @@ func TestNewRoutesRandomInput(t *testing.T) {
 		{"GET", "/v1/releases/1.0.0/" + testTriple, "", nil},
 		{"GET", "/v1/releases/1.0.0/" + testTriple + ".sha256", "", nil},
 		{"GET", "/v1/releases/..%2f..%2fetc/passwd", "", nil},
+		{"DELETE", "/v1/releases/9.9.9/" + testTriple, testAdmin, nil},
+		{"DELETE", "/v1/releases/..%2f/" + testTriple, testAdmin, nil},
 		{"GET", "/v1/namespaces/default/target-version", testAdmin, nil},
 		{"PUT", "/v1/namespaces/default/target-version", testAdmin, [][]byte{js(operatorapi.SetTargetVersionRequest{Version: "1.0.0"})}},
 		{"DELETE", "/v1/namespaces/default/target-version", testAdmin, nil},

@@ -141,3 +141,11 @@ func (c *Client) EditWorkerQueues(ctx context.Context, workerID string, req oper
 	err := c.do(ctx, operatorapi.RouteEditWorkerQueues, params{"id": workerID}, nil, req, &out)
 	return out, err
 }
+
+// DeleteRelease removes the binary published for version and triple
+// (RouteDeleteRelease). A version some namespace targets is refused (409).
+func (c *Client) DeleteRelease(ctx context.Context, version, triple string) (operatorapi.Release, error) {
+	var out operatorapi.Release
+	err := c.do(ctx, operatorapi.RouteDeleteRelease, params{"version": version, "triple": triple}, nil, nil, &out)
+	return out, err
+}

@@ -13,6 +13,7 @@ const (
 	RoutePublishRelease     = "POST /v1/releases"
 	RouteListReleases       = "GET /v1/releases"
 	RouteDownloadRelease    = "GET /v1/releases/"
+	RouteDeleteRelease      = "DELETE /v1/releases/{version}/{triple}"
 	RouteGetTargetVersion   = "GET /v1/namespaces/{ns}/target-version"
 	RouteSetTargetVersion   = "PUT /v1/namespaces/{ns}/target-version"
 	RouteClearTargetVersion = "DELETE /v1/namespaces/{ns}/target-version"

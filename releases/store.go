@@ -241,6 +241,49 @@ func (s *Store) Publish(ctx context.Context, src io.Reader, version, triple stri
 	return rel, nil
 }
 
+// Delete removes the release for version and triple: from the index
+// first, so it is never offered without its bytes, then its binary and
+// sidecar, and the version's directory once empty. An error wraps
+// ErrNotFound when there is no such release.
+func (s *Store) Delete(version, triple string) (Release, error) {
+	if err := ValidateVersion(version); err != nil {
+		return Release{}, err
+	}
+	if err := ValidateTriple(triple); err != nil {
+		return Release{}, err
+	}
+	var rel Release
+	err := s.locked(syscall.LOCK_EX, func() error {
+		idx, err := s.readIndex()
+		if err != nil {
+			return err
+		}
+		i := idx.find(version, triple)
+		if i < 0 {
+			return fmt.Errorf("%w: no release %s for %s", ErrNotFound, version, triple)
+		}
+		rel = s.release(idx.Releases[i])
+		idx.Releases = append(idx.Releases[:i], idx.Releases[i+1:]...)
+		if err := s.writeIndex(idx); err != nil {
+			return err
+		}
+		for _, p := range []string{rel.Path + sidecarExt, rel.Path} {
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+		vdir := filepath.Dir(rel.Path)
+		if err := os.Remove(vdir); err != nil && !errors.Is(err, os.ErrExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return syncDir(s.dir)
+	})
+	if err != nil {
+		return Release{}, fmt.Errorf("releases: delete %s/%s: %w", version, triple, err)
+	}
+	return rel, nil
+}
+
 // List returns every release, oldest version first (versions compare
 // numerically part by part, a pre-release before its release), then by
 // triple.

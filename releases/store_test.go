@@ -362,3 +362,53 @@ func TestTripleForArch(t *testing.T) {
 		t.Errorf("DefaultTriple %q is not a valid triple: %v", DefaultTriple(), err)
 	}
 }
+
+func TestDelete(t *testing.T) {
+	s := openStore(t)
+	const gnu, arm = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
+	gone := publish(t, s, randomBytes(t, 1024), "0.3.0", gnu)
+	kept := publish(t, s, randomBytes(t, 1024), "0.3.0", arm)
+	only := publish(t, s, randomBytes(t, 1024), "0.4.0", gnu)
+
+	rel, err := s.Delete("0.3.0", gnu)
+	if err != nil || rel.SHA256 != gone.SHA256 {
+		t.Fatalf("Delete: %+v %v", rel, err)
+	}
+	for _, p := range []string{gone.Path, gone.Path + ".sha256"} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s still there: %v", p, err)
+		}
+	}
+	if _, err := s.Get("0.3.0", gnu); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after Delete: %v", err)
+	}
+	if _, err := s.Get("0.3.0", arm); err != nil {
+		t.Fatalf("the other triple of the version went too: %v", err)
+	}
+	if _, err := os.Stat(kept.Path); err != nil {
+		t.Fatal(err)
+	}
+	// The last triple of a version takes its directory with it.
+	if _, err := s.Delete("0.4.0", gnu); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Dir(only.Path)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("empty version directory left: %v", err)
+	}
+	if _, err := s.Delete("0.4.0", gnu); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Delete twice: %v", err)
+	}
+	if _, err := s.Delete("../x", gnu); err == nil || errors.Is(err, ErrNotFound) {
+		t.Fatalf("bad version: %v", err)
+	}
+	// A reopened store agrees.
+	s2, err := Open(s.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := s2.List()
+	if err != nil || len(all) != 1 || all[0].Triple != arm {
+		t.Fatalf("after reopen: %+v %v", all, err)
+	}
+	assertNoTemps(t, s.Dir())
+}

@@ -13,4 +13,7 @@ type TargetVersions interface {
 	TargetVersion(ctx context.Context, namespace string) (*string, error)
 	// SetTargetVersion sets the target, or clears it when version is nil.
 	SetTargetVersion(ctx context.Context, namespace string, version *string, now time.Time) error
+	// NamespacesTargeting lists, sorted, the namespaces whose target is
+	// version.
+	NamespacesTargeting(ctx context.Context, version string) ([]string, error)
 }

@@ -31,3 +31,24 @@ func (db *DB) SetTargetVersion(ctx context.Context, namespace string, version *s
 	}
 	return nil
 }
+
+// NamespacesTargeting implements store.TargetVersions.
+func (db *DB) NamespacesTargeting(ctx context.Context, version string) ([]string, error) {
+	rows, err := db.reader().Query(ctx, `SELECT namespace FROM namespace_settings WHERE target_nymph_version = ? ORDER BY namespace`, version)
+	if err != nil {
+		return nil, fmt.Errorf("namespaces targeting %s: %w", version, err)
+	}
+	defer rows.Close()
+	out := []string{}
+	for rows.Next() {
+		var ns string
+		if err := rows.Scan(&ns); err != nil {
+			return nil, fmt.Errorf("namespaces targeting %s: %w", version, err)
+		}
+		out = append(out, ns)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("namespaces targeting %s: %w", version, err)
+	}
+	return out, nil
+}

@@ -68,6 +68,18 @@ func testQueueEditsSurviveHelloAndReopen(t *testing.T, e *env) {
 	if v, err := db.TargetVersion(bg, "default"); err != nil || v == nil || *v != "1.2.3" {
 		t.Fatalf("target after reopen: %v %v", v, err)
 	}
+	if err := db.SetTargetVersion(bg, "lab", ptr("1.2.3"), t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.SetTargetVersion(bg, "other", ptr("2.0.0"), t0); err != nil {
+		t.Fatal(err)
+	}
+	if nss, err := db.NamespacesTargeting(bg, "1.2.3"); err != nil || !slices.Equal(nss, []string{"default", "lab"}) {
+		t.Fatalf("namespaces targeting 1.2.3: %v %v", nss, err)
+	}
+	if nss, err := db.NamespacesTargeting(bg, "9.9.9"); err != nil || len(nss) != 0 {
+		t.Fatalf("namespaces targeting 9.9.9: %v %v", nss, err)
+	}
 	if err := db.SetTargetVersion(bg, "default", nil, t0); err != nil {
 		t.Fatal(err)
 	}
