@@ -49,11 +49,7 @@ afterwards so a freshly installed runner is advertised, --name labels it.
 			if err != nil {
 				return fmt.Errorf("--script: %w", err)
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			w, err := a.target(ctx, c, args[0], byID)
+			c, w, err := a.clientAndTarget(ctx, args[0], byID)
 			if err != nil {
 				return err
 			}
@@ -105,11 +101,7 @@ plane refuses a deadline in the past. --json prints {commandId, workerId, kind}.
 			if err != nil {
 				return &usageError{err: err}
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			w, err := a.target(ctx, c, args[0], byID)
+			c, w, err := a.clientAndTarget(ctx, args[0], byID)
 			if err != nil {
 				return err
 			}
@@ -164,11 +156,7 @@ func (a *app) queueVerb(v queueVerb) *cobra.Command {
 		ValidArgsFunction: a.completeDaemon,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			w, err := a.target(ctx, c, args[0], byID)
+			c, w, err := a.clientAndTarget(ctx, args[0], byID)
 			if err != nil {
 				return err
 			}
@@ -206,11 +194,7 @@ process group and reports it as cancelled. Exactly one of --exec and
 			if (execID == "") == (invID == "") {
 				return usagef("pass exactly one of --exec ID and --invocation ID")
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			w, err := a.target(ctx, c, args[0], byID)
+			c, w, err := a.clientAndTarget(ctx, args[0], byID)
 			if err != nil {
 				return err
 			}
@@ -250,11 +234,7 @@ react. --json prints [{id, kind, state, createdAt}].`,
 		ValidArgsFunction: a.completeDaemon,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			w, err := a.target(ctx, c, args[0], byID)
+			c, w, err := a.clientAndTarget(ctx, args[0], byID)
 			if err != nil {
 				return err
 			}

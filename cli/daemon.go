@@ -374,6 +374,20 @@ func (a *app) resolve(ctx context.Context, c *opclient.Client, arg string) (oper
 	return ResolveDaemon(ws, arg)
 }
 
+// clientAndTarget is the prologue of the verbs that act on one daemon: an
+// operator API client and the daemon arg names (see target).
+func (a *app) clientAndTarget(ctx context.Context, arg string, byID bool) (*opclient.Client, operatorapi.Worker, error) {
+	c, err := a.client()
+	if err != nil {
+		return nil, operatorapi.Worker{}, err
+	}
+	w, err := a.target(ctx, c, arg, byID)
+	if err != nil {
+		return nil, operatorapi.Worker{}, err
+	}
+	return c, w, nil
+}
+
 // target resolves a daemon argument, or with byID takes it verbatim.
 func (a *app) target(ctx context.Context, c *opclient.Client, arg string, byID bool) (operatorapi.Worker, error) {
 	if byID {

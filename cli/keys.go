@@ -126,11 +126,7 @@ it makes a new key, and give it a fresh token from
 		ValidArgsFunction: a.completeDaemon,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			w, err := a.target(ctx, c, args[0], byID)
+			c, w, err := a.clientAndTarget(ctx, args[0], byID)
 			if err != nil {
 				return err
 			}
