@@ -322,7 +322,7 @@ func (s *Server) enrollHello(r *http.Request, tok string, req messages.HelloRequ
 	if err != nil {
 		return nil, "", reject(messages.RejectKeyIDMismatch, "%v", err), nil
 	}
-	kid, err := s.ident.verifier.VerifyWithKey(pub, r, body, s.now())
+	kid, err := s.ident.verifier.VerifyWithKey(r.Context(), pub, r, body, s.now())
 	switch {
 	case err == nil:
 	case errors.Is(err, identity.ErrKeyIDMismatch):

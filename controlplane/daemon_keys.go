@@ -110,7 +110,7 @@ func (s *Server) repeatRotation(w http.ResponseWriter, r *http.Request, body []b
 		s.refuse(w, r, authReason(verr), verr)
 		return
 	}
-	if _, err := s.ident.verifier.VerifyWithKey(old.PublicKey, r, body, s.now()); err != nil {
+	if _, err := s.ident.verifier.VerifyWithKey(r.Context(), old.PublicKey, r, body, s.now()); err != nil {
 		s.refuse(w, r, authReason(err), err)
 		return
 	}

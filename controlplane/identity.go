@@ -30,13 +30,23 @@ type identityState struct {
 	rotating sync.Map
 }
 
-func newIdentityState(keys store.Keys, requireSigs bool, maxAge time.Duration) *identityState {
+func newIdentityState(keys store.Keys, requireSigs bool, maxAge time.Duration, opts ...identity.Option) *identityState {
 	return &identityState{
-		verifier:    identity.NewVerifier(keyLookup{keys: keys}),
+		verifier:    identity.NewVerifier(keyLookup{keys: keys}, opts...),
 		keys:        keys,
 		requireSigs: requireSigs,
 		maxAge:      max(maxAge, 0),
 	}
+}
+
+// storeNonces is the Verifier's nonce ledger on the store replicas share.
+type storeNonces struct {
+	st  store.Nonces
+	now func() time.Time
+}
+
+func (n storeNonces) UseNonce(ctx context.Context, keyID, nonce string, expires time.Time) (bool, error) {
+	return n.st.UseNonce(ctx, keyID, nonce, expires, n.now())
 }
 
 // keyLookup resolves key ids for the Verifier. A request that wants the

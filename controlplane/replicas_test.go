@@ -1,8 +1,10 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"path/filepath"
 	"sync"
@@ -139,4 +141,67 @@ func TestHubDeliverEmptyKeyWakesEveryone(t *testing.T) {
 	if h.size() != 0 {
 		t.Fatalf("%d keys left", h.size())
 	}
+}
+
+// A signed request accepted by one replica is refused as a replay by the
+// other: replicas record nonces in the store they share.
+func TestReplicasShareReplayProtection(t *testing.T) {
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "shared.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bus
+	shared := func(c *Config) { c.Store, c.Notifier = db, b.member(0) }
+	a, r := newEnv(t, shared), newEnv(t, shared)
+
+	key := newKey(t)
+	tok := decodeJS[operatorapi.TokenResponse](t, a.op(http.MethodPost, "/v1/tokens", operatorapi.TokenRequest{Kind: operatorapi.TokenEnroll, TTLS: 3600}))
+	hello := helloReq("m", "l")
+	hello.PublicKey = key.PublicKeyB64()
+	send := func(e *env, path, token string, body []byte, sign bool) (*http.Request, resp) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, e.url+path, bytes.NewReader(body))
+		req.Header.Set("Content-Type", messages.ContentType)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		if sign {
+			if err := key.SignRequest(req, body, e.clock.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return req, replay(t, e, req, body)
+	}
+	_, hr := send(a, "/v1/daemon/hello", tok.Token, mustMP(t, hello), true)
+	h := decodeMP[messages.HelloResponse](t, hr)
+	if hr.status != http.StatusOK || h.Reject != nil || h.WorkerID == nil {
+		t.Fatalf("enrollment through A: %d %+v", hr.status, h.Reject)
+	}
+
+	body := mustMP(t, &messages.PollRequest{WorkerID: *h.WorkerID, Cursor: h.Cursor})
+	req, first := send(a, "/v1/daemon/poll", "", body, true)
+	if first.status != http.StatusOK {
+		t.Fatalf("signed poll through A: %d %q", first.status, first.body)
+	}
+	if again := replay(t, r, req, body); again.status != http.StatusUnauthorized {
+		t.Fatalf("the same request replayed to B: %d %q", again.status, again.body)
+	}
+	// B itself takes a fresh signed request.
+	if _, fresh := send(r, "/v1/daemon/poll", "", body, true); fresh.status != http.StatusOK {
+		t.Fatalf("fresh signed poll through B: %d %q", fresh.status, fresh.body)
+	}
+}
+
+// replay sends a copy of req (its method, path, headers and body) to e.
+func replay(t *testing.T, e *env, req *http.Request, body []byte) resp {
+	t.Helper()
+	cp, _ := http.NewRequest(req.Method, e.url+req.URL.Path, bytes.NewReader(body))
+	cp.Header = req.Header.Clone()
+	r, err := http.DefaultClient.Do(cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	b, _ := io.ReadAll(r.Body)
+	return resp{status: r.StatusCode, body: b, header: r.Header}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"nymph/identity"
 	"nymph/operatorapi"
 	"nymph/store"
 	"nymph/store/sqlite"
@@ -45,7 +46,9 @@ type Config struct {
 	// Store replaces the SQLite file in DataDir when set; Close closes it.
 	Store store.Store
 	// Notifier carries wake-ups to and from the other replicas sharing
-	// Store; nil keeps them in this process (one control plane).
+	// Store; nil keeps them in this process (one control plane). With a
+	// Notifier, signature nonces are also recorded in Store, so a request
+	// replayed to another replica is refused.
 	Notifier Notifier
 	// Now is the clock; nil means time.Now. Stale derivation, deadlines and
 	// timestamps all read it.
@@ -201,7 +204,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		s.st = db
 	}
-	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge)
+	var identOpts []identity.Option
+	if cfg.Notifier != nil {
+		// Replicas: a nonce one of them saw must be refused by all. A
+		// lone control plane keeps them in memory, with no write per
+		// signed request.
+		identOpts = append(identOpts, identity.WithNonceLedger(storeNonces{st: s.st, now: s.now}))
+	}
+	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge, identOpts...)
 	s.payloads = newPayloadStore(cfg.DataDir, s.adminToken)
 	s.handler = s.middleware(s.routes())
 	// Before the sweeper, whose first broadcast may come at once.

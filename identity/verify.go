@@ -77,6 +77,24 @@ func WithNonceCapacity(n int) Option {
 	}
 }
 
+// NonceLedger records nonces where the verifiers of every replica see them,
+// so a request replayed to another replica is refused too.
+//
+// Concurrency: UseNonce is called concurrently; of two calls recording the
+// same pair, exactly one reports it fresh.
+type NonceLedger interface {
+	// UseNonce records (keyID, nonce) until expires and reports whether
+	// the pair was new.
+	UseNonce(ctx context.Context, keyID, nonce string, expires time.Time) (bool, error)
+}
+
+// WithNonceLedger adds a ledger shared by replicas to the in-memory cache,
+// which still answers first and so catches replays to this process without
+// a round trip.
+func WithNonceLedger(l NonceLedger) Option {
+	return func(v *Verifier) { v.ledger = l }
+}
+
 // Verifier checks signed requests on the control plane.
 //
 // Concurrency: a Verifier is safe for concurrent use by any number of
@@ -84,9 +102,9 @@ func WithNonceCapacity(n int) Option {
 // accepts signatures — because replay protection lives in its in-memory
 // nonce cache. Key lookups and signature checks run unlocked; only the final
 // check-and-record of the nonce holds a mutex, so of two concurrent copies
-// of one request exactly one is accepted. Replicas do not share caches: a
-// request replayed to a different replica within the skew window is not
-// caught.
+// of one request exactly one is accepted. Replicas do not share caches; a
+// NonceLedger (WithNonceLedger) that they share catches a request replayed
+// to a different replica within the skew window.
 //
 // The cache keeps each nonce until its timestamp falls out of the skew
 // window. When it is full, the entry with the oldest timestamp is evicted
@@ -98,6 +116,7 @@ type Verifier struct {
 	skew     int64
 	capacity int
 	nonces   *nonceCache
+	ledger   NonceLedger
 }
 
 // NewVerifier returns a Verifier that resolves key ids through lookup.
@@ -135,7 +154,7 @@ func (v *Verifier) Verify(ctx context.Context, req *http.Request, body []byte, n
 	case revoked:
 		return "", fmt.Errorf("identity: key %q: %w", h.keyID, ErrRevokedKey)
 	}
-	if err := v.check(req, body, h, pub, now); err != nil {
+	if err := v.check(ctx, req, body, h, pub, now); err != nil {
 		return "", err
 	}
 	return h.keyID, nil
@@ -145,7 +164,7 @@ func (v *Verifier) Verify(ctx context.Context, req *http.Request, body []byte, n
 // yet — the enrollment hello, which carries its own public_key. The key id
 // header must equal KeyID(pub) (else ErrKeyIDMismatch); skew, signature and
 // nonce are checked as in Verify, against the same nonce cache.
-func (v *Verifier) VerifyWithKey(pub ed25519.PublicKey, req *http.Request, body []byte, now time.Time) (string, error) {
+func (v *Verifier) VerifyWithKey(ctx context.Context, pub ed25519.PublicKey, req *http.Request, body []byte, now time.Time) (string, error) {
 	h, err := v.parse(req, now)
 	if err != nil {
 		return "", err
@@ -156,7 +175,7 @@ func (v *Verifier) VerifyWithKey(pub ed25519.PublicKey, req *http.Request, body 
 	if want := KeyID(pub); h.keyID != want {
 		return "", fmt.Errorf("identity: %s %q, public_key has id %q: %w", HeaderKeyID, h.keyID, want, ErrKeyIDMismatch)
 	}
-	if err := v.check(req, body, h, pub, now); err != nil {
+	if err := v.check(ctx, req, body, h, pub, now); err != nil {
 		return "", err
 	}
 	return h.keyID, nil
@@ -208,14 +227,26 @@ func (v *Verifier) parse(req *http.Request, now time.Time) (sigHeaders, error) {
 	return sigHeaders{keyID: keyID, ts: ts, nonce: nonce, sig: sig}, nil
 }
 
-// check verifies the signature, then records the nonce.
-func (v *Verifier) check(req *http.Request, body []byte, h sigHeaders, pub ed25519.PublicKey, now time.Time) error {
+// check verifies the signature, then records the nonce: in this process's
+// cache, then in the shared ledger if there is one.
+func (v *Verifier) check(ctx context.Context, req *http.Request, body []byte, h sigHeaders, pub ed25519.PublicKey, now time.Time) error {
 	msg := Canonical(h.keyID, req.Method, requestPath(req.URL), req.URL.RawQuery, h.ts, h.nonce, body)
 	if !ed25519.Verify(pub, msg, h.sig) {
 		return fmt.Errorf("identity: key %q: %w", h.keyID, ErrBadSignature)
 	}
 	if err := v.nonces.remember(h.keyID, h.nonce, h.ts, now.Unix()); err != nil {
 		return fmt.Errorf("identity: key %q: %w", h.keyID, err)
+	}
+	if v.ledger == nil {
+		return nil
+	}
+	// Kept until the timestamp leaves the window on every replica.
+	fresh, err := v.ledger.UseNonce(ctx, h.keyID, h.nonce, time.Unix(h.ts+v.skew+1, 0))
+	if err != nil {
+		return fmt.Errorf("identity: key %q: record nonce: %w", h.keyID, err)
+	}
+	if !fresh {
+		return fmt.Errorf("identity: key %q: nonce %q already used on another replica: %w", h.keyID, h.nonce, ErrReplay)
 	}
 	return nil
 }

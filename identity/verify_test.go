@@ -407,11 +407,11 @@ func TestVerifyWithKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := v.VerifyWithKey(pub, req, body, t0)
+	id, err := v.VerifyWithKey(context.Background(), pub, req, body, t0)
 	if err != nil || id != k.ID() {
 		t.Fatalf("enrollment: (%q, %v)", id, err)
 	}
-	if _, err := v.VerifyWithKey(pub, req, body, t0); !errors.Is(err, identity.ErrReplay) {
+	if _, err := v.VerifyWithKey(context.Background(), pub, req, body, t0); !errors.Is(err, identity.ErrReplay) {
 		t.Fatalf("enrollment replay: %v", err)
 	}
 	// Once stored, the same request is still a replay to Verify: one cache.
@@ -420,19 +420,19 @@ func TestVerifyWithKey(t *testing.T) {
 		t.Fatalf("replay through Verify: %v", err)
 	}
 
-	if _, err := v.VerifyWithKey(other.PublicKey(), hello(k), body, t0); !errors.Is(err, identity.ErrKeyIDMismatch) {
+	if _, err := v.VerifyWithKey(context.Background(), other.PublicKey(), hello(k), body, t0); !errors.Is(err, identity.ErrKeyIDMismatch) {
 		t.Fatalf("other public key: %v", err)
 	}
-	if _, err := v.VerifyWithKey(ed25519.PublicKey{1, 2, 3}, hello(k), body, t0); !errors.Is(err, identity.ErrKeyIDMismatch) {
+	if _, err := v.VerifyWithKey(context.Background(), ed25519.PublicKey{1, 2, 3}, hello(k), body, t0); !errors.Is(err, identity.ErrKeyIDMismatch) {
 		t.Fatalf("short public key: %v", err)
 	}
 	// Claiming the right id but signed by another key.
 	forged := hello(other)
 	forged.Header.Set(identity.HeaderKeyID, k.ID())
-	if _, err := v.VerifyWithKey(pub, forged, []byte(other.PublicKeyB64()), t0); !errors.Is(err, identity.ErrBadSignature) {
+	if _, err := v.VerifyWithKey(context.Background(), pub, forged, []byte(other.PublicKeyB64()), t0); !errors.Is(err, identity.ErrBadSignature) {
 		t.Fatalf("forged enrollment: %v", err)
 	}
-	if _, err := v.VerifyWithKey(pub, hello(k), body, t0.Add(time.Hour)); !errors.Is(err, identity.ErrSkew) {
+	if _, err := v.VerifyWithKey(context.Background(), pub, hello(k), body, t0.Add(time.Hour)); !errors.Is(err, identity.ErrSkew) {
 		t.Fatalf("stale enrollment: %v", err)
 	}
 }
@@ -527,5 +527,60 @@ func TestFullNonceCacheRefusesOldReplays(t *testing.T) {
 	}
 	if _, err := v.Verify(context.Background(), req, nil, t0); err != nil {
 		t.Fatalf("fresh request: %v", err)
+	}
+}
+
+// memLedger is an in-memory NonceLedger that two verifiers share, as two
+// replicas share the store's.
+type memLedger struct {
+	mu   sync.Mutex
+	seen map[string]time.Time
+	err  error
+}
+
+func (l *memLedger) UseNonce(_ context.Context, keyID, nonce string, expires time.Time) (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return false, l.err
+	}
+	k := keyID + "\n" + nonce
+	if _, ok := l.seen[k]; ok {
+		return false, nil
+	}
+	l.seen[k] = expires
+	return true, nil
+}
+
+func TestNonceLedgerSharedByVerifiers(t *testing.T) {
+	k := seedKey(t, 1)
+	keys := newMemKeys(k)
+	ledger := &memLedger{seen: map[string]time.Time{}}
+	v1 := identity.NewVerifier(keys, identity.WithNonceLedger(ledger))
+	v2 := identity.NewVerifier(keys, identity.WithNonceLedger(ledger))
+	body := []byte("poll")
+	req := httptest.NewRequest(http.MethodPost, "/v1/daemon/poll", bytes.NewReader(body))
+	if err := k.SignRequest(req, body, t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v1.Verify(context.Background(), req, body, t0); err != nil {
+		t.Fatalf("first: %v", err)
+	}
+	if _, err := v2.Verify(context.Background(), req, body, t0); !errors.Is(err, identity.ErrReplay) {
+		t.Fatalf("replayed to the other verifier: %v", err)
+	}
+	for _, exp := range ledger.seen {
+		if !exp.After(t0.Add(identity.DefaultMaxSkew)) {
+			t.Fatalf("kept until %v, before the timestamp leaves the window", exp)
+		}
+	}
+	// A ledger that cannot record refuses the request: never a replay let through.
+	ledger.err = errors.New("database down")
+	req2 := httptest.NewRequest(http.MethodPost, "/v1/daemon/poll", bytes.NewReader(body))
+	if err := k.SignRequest(req2, body, t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v2.Verify(context.Background(), req2, body, t0); err == nil {
+		t.Fatal("accepted while the ledger was down")
 	}
 }

@@ -66,7 +66,18 @@ type Store interface {
 	TargetVersions
 	Keys
 	Invocations
+	Nonces
 	Close() error
+}
+
+// Nonces records the signature nonces replicas share, so a signed request
+// replayed to another replica is refused.
+type Nonces interface {
+	// UseNonce records (keyID, nonce) until expires and reports whether
+	// the pair was new; of concurrent calls for one pair, on any number of
+	// stores sharing the database, exactly one reports it new. Pairs that
+	// expired by now are dropped from time to time.
+	UseNonce(ctx context.Context, keyID, nonce string, expires, now time.Time) (bool, error)
 }
 
 // Workers holds worker rows.

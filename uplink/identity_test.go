@@ -82,7 +82,7 @@ func TestHelloCarriesThePublicKeyAndIsSignedByIt(t *testing.T) {
 		} else if pub, err := identity.ParsePublicKey(req.PublicKey); err != nil {
 			verr = err
 		} else {
-			_, verr = v.VerifyWithKey(pub, r, body, time.Now())
+			_, verr = v.VerifyWithKey(r.Context(), pub, r, body, time.Now())
 		}
 		writeMsgpack(t, w, &messages.HelloResponse{})
 	})

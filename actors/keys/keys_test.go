@@ -135,7 +135,7 @@ func (c *cp) repeat(r *http.Request, body []byte, w http.ResponseWriter) bool {
 	if req.KeyID != cur || old == nil {
 		return false
 	}
-	if _, err := c.v.VerifyWithKey(old, r, body, time.Now()); err != nil {
+	if _, err := c.v.VerifyWithKey(r.Context(), old, r, body, time.Now()); err != nil {
 		return false
 	}
 	c.mu.Lock()

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"nymph/store"
@@ -115,6 +116,8 @@ type DB struct {
 	w *sql.DB // writes
 	r *sql.DB // reads; may be w itself
 	d *Dialect
+	// nonceUses paces the purge of expired nonces.
+	nonceUses atomic.Uint64
 }
 
 var _ store.Store = (*DB)(nil)

@@ -50,6 +50,7 @@ func Run(t *testing.T, b Backend) {
 		{"ReportRunningAndLost", testReportRunningAndLost},
 		{"EnrollTokenIsConsumedOnce", testEnrollTokenIsConsumedOnce},
 		{"TokensListAndRevoke", testTokensListAndRevoke},
+		{"NoncesAreUsedOnce", testNoncesAreUsedOnce},
 		{"KeysLifecycle", testKeysLifecycle},
 		{"RebindKeyToRecreatedWorker", testRebindKeyToRecreatedWorker},
 		{"QueueEditsSurviveHelloAndReopen", testQueueEditsSurviveHelloAndReopen},
