@@ -196,7 +196,9 @@ func TestIdentityEnrollSignRotateRestart(t *testing.T) {
 
 	// Rotation.
 	cp.QueueKind(messages.KindRotateKey, nil)
-	cp.Wait(20*time.Second, "a rotation", func() bool { return len(cp.Keys()) > 0 })
+	// The offer is decoded inside the handler, the request recorded as
+	// the answer starts: wait for both.
+	cp.Wait(20*time.Second, "a rotation", func() bool { return len(cp.Keys()) > 0 && len(requestsOf(cp, fakecp.RouteKeys)) > 0 })
 	kr := requestsOf(cp, fakecp.RouteKeys)[0]
 	if signedBy(t, kr, key) != key.ID() {
 		t.Fatal("/keys not signed by the outgoing key")

@@ -420,14 +420,45 @@ func (c *CP) handle(route Route, h handler) http.HandlerFunc {
 		body, _ := io.ReadAll(r.Body)
 		rec := Request{Route: route, Method: r.Method, Path: r.URL.Path, ID: r.PathValue("exec_id"),
 			Header: r.Header.Clone(), Body: body, At: time.Now()}
-		status := c.serve(route, h, w, r, &rec)
-		rec.Status = status
-		c.mu.Lock()
-		c.requests = append(c.requests, rec)
-		c.notify()
-		c.mu.Unlock()
+		rw := &recorder{ResponseWriter: w, commit: func(status int) {
+			rec.Status = status
+			c.mu.Lock()
+			c.requests = append(c.requests, rec)
+			c.notify()
+			c.mu.Unlock()
+		}}
+		status := c.serve(route, h, rw, r, &rec)
+		rw.record(status)
 	}
 }
+
+// recorder records a request the moment its answer starts, before the
+// client can see any of it: a test that waits on what the daemon did after
+// an answer always finds the request that got it in Requests().
+type recorder struct {
+	http.ResponseWriter
+	commit func(status int)
+	done   bool
+}
+
+func (w *recorder) record(status int) {
+	if !w.done {
+		w.done = true
+		w.commit(status)
+	}
+}
+
+func (w *recorder) WriteHeader(code int) {
+	w.record(code)
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *recorder) Write(b []byte) (int, error) {
+	w.record(http.StatusOK)
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (c *CP) serve(route Route, h handler, w http.ResponseWriter, r *http.Request, rec *Request) int {
 	if c.token != "" && route != RouteBlob && r.Header.Get("Authorization") != "Bearer "+c.token {
