@@ -24,10 +24,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -186,52 +182,40 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 			conn.Conn().Close(uctx)
 		}
 	}()
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)`); err != nil {
+	if _, err := conn.Exec(ctx, sqlstore.CreateMigrationsTable); err != nil {
 		return err
 	}
-	names, err := fs.Glob(migrations, "migrations/*.sql")
+	ms, err := sqlstore.Migrations(migrations)
 	if err != nil {
 		return err
 	}
-	sort.Strings(names)
-	for _, name := range names {
-		base := strings.TrimPrefix(name, "migrations/")
-		num, _, _ := strings.Cut(base, "_")
-		version, err := strconv.Atoi(num)
-		if err != nil {
-			return fmt.Errorf("migration %s: name must start with a number: %w", name, err)
-		}
-		if err := applyMigration(ctx, conn.Conn(), name, version); err != nil {
+	for _, m := range ms {
+		if err := applyMigration(ctx, conn.Conn(), m); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func applyMigration(ctx context.Context, conn *pgx.Conn, name string, version int) error {
+func applyMigration(ctx context.Context, conn *pgx.Conn, m sqlstore.Migration) error {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(ctx)
 	var n int
-	if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE version = $1`, version).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE version = $1`, m.Version).Scan(&n); err != nil {
 		return err
 	}
 	if n > 0 {
 		return nil
 	}
-	text, err := migrations.ReadFile(name)
-	if err != nil {
-		return err
-	}
 	// Without arguments pgx sends the simple protocol, which takes a file
 	// of several statements.
-	if _, err := tx.Exec(ctx, string(text)); err != nil {
-		return fmt.Errorf("migration %s: %w", name, err)
+	if _, err := tx.Exec(ctx, m.SQL); err != nil {
+		return fmt.Errorf("migration %s: %w", m.Name, err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)`, version, time.Now().UnixMilli()); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)`, m.Version, time.Now().UnixMilli()); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)

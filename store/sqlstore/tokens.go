@@ -74,16 +74,13 @@ func (db *DB) ListTokens(ctx context.Context) ([]store.Token, error) {
 
 // RevokeToken implements store.Tokens.
 func (db *DB) RevokeToken(ctx context.Context, id string, at time.Time) (store.Token, error) {
-	n, err := db.writer().Exec(ctx, `UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?`, ms(at), id)
-	if err != nil {
-		return store.Token{}, fmt.Errorf("revoke token %s: %w", id, err)
-	}
-	if n == 0 {
+	t, err := scanToken(db.writer().QueryRow(ctx, `UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?
+		RETURNING `+tokenColumns, ms(at), id).Scan)
+	if errors.Is(err, sql.ErrNoRows) {
 		return store.Token{}, fmt.Errorf("token %s: %w", id, store.ErrNotFound)
 	}
-	t, err := scanToken(db.writer().QueryRow(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = ?`, id).Scan)
 	if err != nil {
-		return store.Token{}, fmt.Errorf("read token %s: %w", id, err)
+		return store.Token{}, fmt.Errorf("revoke token %s: %w", id, err)
 	}
 	return t, nil
 }
