@@ -15,13 +15,13 @@ import (
 
 	"nymph/actors"
 	"nymph/actors/poller"
+	"nymph/daemon/outbox"
+	"nymph/daemon/uplink"
 	"nymph/messages"
-	"nymph/outbox"
 	"nymph/runners"
 	"nymph/runners/echo"
 	"nymph/runners/process"
 	"nymph/test/fakecp"
-	"nymph/uplink"
 )
 
 type harness struct {

@@ -15,9 +15,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors/execs"
+	"nymph/daemon/uplink"
 	"nymph/messages"
 	"nymph/test/fakecp"
-	"nymph/uplink"
 )
 
 func newShell(t *testing.T, cp *fakecp.CP) *execs.Shell {

@@ -11,11 +11,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors/ledger"
+	"nymph/daemon/uplink"
 	"nymph/messages"
 	"nymph/runners"
 	"nymph/runners/echo"
 	"nymph/test/fakecp"
-	"nymph/uplink"
 )
 
 // recorder is a runner that remembers the specs it was asked to run.

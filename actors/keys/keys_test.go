@@ -18,9 +18,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors/keys"
+	"nymph/daemon/uplink"
 	"nymph/identity"
 	"nymph/messages"
-	"nymph/uplink"
 )
 
 // cp is a control plane's /v1/daemon/keys and /v1/daemon/poll, with real

@@ -4,7 +4,7 @@
 //
 // The actor never blocks in Receive. An update runs in a goroutine that
 // checks whether the binary is already in place, otherwise downloads and
-// installs it through the Installer (package nymph/ota), and reports back.
+// installs it through the Installer (package nymph/daemon/selfupdate), and reports back.
 // Then:
 //
 //   - on failure the running binary is untouched (the Installer guarantees
@@ -45,9 +45,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors/poller"
+	"nymph/daemon/selfupdate"
+	"nymph/dist"
 	"nymph/messages"
-	binary "nymph/ota"
-	"nymph/releases"
 )
 
 // Name is the actor's name under the root.
@@ -56,9 +56,9 @@ const Name = "ota"
 // DefaultCheckInterval is auto_update_check_interval_s's default.
 const DefaultCheckInterval = time.Hour
 
-// Installer puts a new binary in place; *nymph/ota.Updater satisfies it.
+// Installer puts a new binary in place; *selfupdate.Updater satisfies it.
 type Installer interface {
-	Install(ctx context.Context, cmd messages.OtaUpdate) (binary.Installed, error)
+	Install(ctx context.Context, cmd messages.OtaUpdate) (selfupdate.Installed, error)
 	// SelfExec reports whether the installed binary can replace this
 	// process; if not, it applies at the next restart.
 	SelfExec() bool
@@ -67,7 +67,7 @@ type Installer interface {
 }
 
 // ChecksumFunc returns the sha256 published for the binary at binaryURL
-// (its .sha256 sidecar); releases.FetchChecksum with a client fits.
+// (its .sha256 sidecar); dist.FetchChecksum with a client fits.
 type ChecksumFunc func(ctx context.Context, binaryURL string) (string, error)
 
 // Settings are the actor's knobs.
@@ -84,7 +84,7 @@ type Settings struct {
 	CheckInterval time.Duration
 	// ServerURL is the control plane auto-update downloads from.
 	ServerURL string
-	// Triple is this host's release triple (releases.TripleForArch).
+	// Triple is this host's release triple (dist.TripleForArch).
 	Triple string
 }
 
@@ -116,7 +116,7 @@ type State struct {
 	cancel    context.CancelFunc
 	lastCheck time.Time
 	stopping  bool
-	handoff   *binary.Installed
+	handoff   *selfupdate.Installed
 	running   string // sha256 of the running image, once computed
 	jobs      sync.WaitGroup
 }
@@ -126,11 +126,11 @@ func NewState() *State { return &State{} }
 
 // Handoff reports the binary installed for an exec once the daemon has
 // drained: when ok, the caller should exec it rather than exit.
-func (s *State) Handoff() (binary.Installed, bool) {
+func (s *State) Handoff() (selfupdate.Installed, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.handoff == nil {
-		return binary.Installed{}, false
+		return selfupdate.Installed{}, false
 	}
 	return *s.handoff, true
 }
@@ -192,7 +192,7 @@ type done struct {
 	cmdID  string
 	cmd    messages.OtaUpdate
 	result outcome
-	inst   binary.Installed
+	inst   selfupdate.Installed
 	err    error
 }
 
@@ -242,7 +242,7 @@ func (s *State) stop(stopping bool) context.CancelFunc {
 func (a *otaActor) command(ctx actor.Context, cmdID string, cmd messages.OtaUpdate) {
 	log := a.d.Log.With().Str("command_id", cmdID).Str("source", sourceCommand).Str("version", cmd.Version).
 		Str("url", redactURL(cmd.URL)).Logger()
-	if err := binary.Validate(cmd); err != nil {
+	if err := selfupdate.Validate(cmd); err != nil {
 		log.Warn().Err(err).Msg("ota_update refused; the running binary is unchanged and the daemon keeps polling")
 		return
 	}
@@ -275,7 +275,7 @@ func (a *otaActor) target(ctx actor.Context, version string) {
 	if !due || !idle {
 		return
 	}
-	binURL := releases.URLFor(a.d.ServerURL, releases.DefaultPrefix, version, a.d.Triple)
+	binURL := dist.URLFor(a.d.ServerURL, dist.DefaultPrefix, version, a.d.Triple)
 	log := a.d.Log.With().Str("source", sourceAuto).Str("version", version).Str("url", redactURL(binURL)).Logger()
 	if a.d.Checksum == nil || a.d.Triple == "" || a.d.ServerURL == "" {
 		log.Warn().Msg("auto-update: no release source configured; not updating")
@@ -295,7 +295,7 @@ func (a *otaActor) target(ctx actor.Context, version string) {
 			return d
 		}
 		d.cmd.SHA256 = sum
-		if err := binary.Validate(d.cmd); err != nil {
+		if err := selfupdate.Validate(d.cmd); err != nil {
 			d.err = err
 			return d
 		}
@@ -311,13 +311,13 @@ func (a *otaActor) begin(log zerolog.Logger) (uint64, context.Context, bool) {
 	defer st.mu.Unlock()
 	switch {
 	case st.handoff != nil:
-		log.Warn().Err(binary.ErrBusy).Msg("update refused: a new binary is installed and the daemon is draining to exec it")
+		log.Warn().Err(selfupdate.ErrBusy).Msg("update refused: a new binary is installed and the daemon is draining to exec it")
 		return 0, nil, false
 	case st.stopping:
 		log.Warn().Msg("update refused: the daemon is stopping")
 		return 0, nil, false
 	case st.busy != 0:
-		log.Warn().Err(binary.ErrBusy).Msg("update refused: another update is in progress")
+		log.Warn().Err(selfupdate.ErrBusy).Msg("update refused: another update is in progress")
 		return 0, nil, false
 	}
 	st.seq++
@@ -348,7 +348,7 @@ func (a *otaActor) apply(c context.Context, d done) done {
 	}
 	if sum, err := fileSum(a.d.Installer.ExePath()); err == nil && sum == want {
 		d.result = alreadyInstalled
-		d.inst = binary.Installed{Version: d.cmd.Version, Path: a.d.Installer.ExePath(), SHA256: sum}
+		d.inst = selfupdate.Installed{Version: d.cmd.Version, Path: a.d.Installer.ExePath(), SHA256: sum}
 		return d
 	}
 	inst, err := a.d.Installer.Install(c, d.cmd)

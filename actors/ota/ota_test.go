@@ -19,16 +19,17 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors"
-	otaactor "nymph/actors/ota"
+	"nymph/actors/ota"
 	"nymph/actors/poller"
+	"nymph/daemon/outbox"
+	"nymph/daemon/selfupdate"
+	"nymph/daemon/uplink"
+	"nymph/dist"
+	"nymph/lakeshore/releases"
 	"nymph/messages"
-	"nymph/ota"
-	"nymph/outbox"
-	"nymph/releases"
 	"nymph/runners"
 	"nymph/runners/process"
 	"nymph/test/fakecp"
-	"nymph/uplink"
 )
 
 // logBuf keeps the daemon's log for assertions and mirrors it to t.Log
@@ -92,7 +93,7 @@ type fakeInstaller struct {
 	gate     chan struct{}
 }
 
-func (f *fakeInstaller) Install(ctx context.Context, cmd messages.OtaUpdate) (ota.Installed, error) {
+func (f *fakeInstaller) Install(ctx context.Context, cmd messages.OtaUpdate) (selfupdate.Installed, error) {
 	f.mu.Lock()
 	f.calls = append(f.calls, cmd)
 	gate, err := f.gate, f.err
@@ -101,13 +102,13 @@ func (f *fakeInstaller) Install(ctx context.Context, cmd messages.OtaUpdate) (ot
 		select {
 		case <-gate:
 		case <-ctx.Done():
-			return ota.Installed{}, ctx.Err()
+			return selfupdate.Installed{}, ctx.Err()
 		}
 	}
 	if err != nil {
-		return ota.Installed{}, err
+		return selfupdate.Installed{}, err
 	}
-	return ota.Installed{Version: cmd.Version, Path: f.exe, SHA256: cmd.SHA256}, nil
+	return selfupdate.Installed{Version: cmd.Version, Path: f.exe, SHA256: cmd.SHA256}, nil
 }
 
 func (f *fakeInstaller) SelfExec() bool  { return f.selfExec }
@@ -125,13 +126,13 @@ type rig struct {
 	d      *actors.Daemon
 	ob     *outbox.Outbox
 	log    *logBuf
-	deps   *otaactor.Deps
+	deps   *ota.Deps
 	waited bool
 }
 
 // newRig starts a daemon with the OTA actor over a fake control plane.
 // exe is a private file standing for the daemon's binary.
-func newRig(t *testing.T, inst otaactor.Installer, mod func(*otaactor.Deps)) *rig {
+func newRig(t *testing.T, inst ota.Installer, mod func(*ota.Deps)) *rig {
 	t.Helper()
 	cp := fakecp.New(t, fakecp.WithMaxHold(200*time.Millisecond))
 	client, err := uplink.New(cp.URL)
@@ -150,11 +151,11 @@ func newRig(t *testing.T, inst otaactor.Installer, mod func(*otaactor.Deps)) *ri
 	if err := os.WriteFile(running, []byte("the running build"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	deps := &otaactor.Deps{
-		Settings:     otaactor.Settings{Version: "v1", Grace: 10 * time.Second, Triple: releases.DefaultTriple()},
+	deps := &ota.Deps{
+		Settings:     ota.Settings{Version: "v1", Grace: 10 * time.Second, Triple: dist.DefaultTriple()},
 		Installer:    inst,
-		State:        otaactor.NewState(),
-		Log:          log.With().Str("actor", otaactor.Name).Logger(),
+		State:        ota.NewState(),
+		Log:          log.With().Str("actor", ota.Name).Logger(),
 		RunningImage: running,
 	}
 	if mod != nil {
@@ -179,7 +180,7 @@ func newRig(t *testing.T, inst otaactor.Installer, mod func(*otaactor.Deps)) *ri
 		Server: srv, Results: ob,
 		Runners: map[string]runners.Runner{"process": process.New(log, process.WithKillGrace(200*time.Millisecond))},
 		Log:     log,
-	}, actors.WithChild(otaactor.Name, otaactor.Props(deps), messages.KindOtaUpdate))
+	}, actors.WithChild(ota.Name, ota.Props(deps), messages.KindOtaUpdate))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,9 +301,9 @@ func assertUnchanged(t *testing.T, path string, want []byte) {
 	}
 }
 
-func realUpdater(t *testing.T, exe string) *ota.Updater {
+func realUpdater(t *testing.T, exe string) *selfupdate.Updater {
 	t.Helper()
-	return ota.New(zerolog.New(newLogBuf(t)), ota.Options{ExePath: exe, DisableSelfExec: true, Args: []string{exe}, Env: []string{}})
+	return selfupdate.New(zerolog.New(newLogBuf(t)), selfupdate.Options{ExePath: exe, DisableSelfExec: true, Args: []string{exe}, Env: []string{}})
 }
 
 // A checksum that is not 64 hex characters is refused before anything is
@@ -451,7 +452,7 @@ func TestAutoUpdateConverges(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := elfBytes(t)
-	if _, err := store.Publish(context.Background(), bytes.NewReader(good), "v2", releases.DefaultTriple()); err != nil {
+	if _, err := store.Publish(context.Background(), bytes.NewReader(good), "v2", dist.DefaultTriple()); err != nil {
 		t.Fatal(err)
 	}
 	var downloads atomic.Int32
@@ -459,15 +460,15 @@ func TestAutoUpdateConverges(t *testing.T) {
 		if !strings.HasSuffix(req.URL.Path, ".sha256") {
 			downloads.Add(1)
 		}
-		store.Handler(releases.DefaultPrefix).ServeHTTP(w, req)
+		store.Handler(dist.DefaultPrefix).ServeHTTP(w, req)
 	}))
 	t.Cleanup(rel.Close)
 
 	exe, _ := privateExe(t)
 	clock := newClock()
-	r := newRig(t, realUpdater(t, exe), func(d *otaactor.Deps) {
+	r := newRig(t, realUpdater(t, exe), func(d *ota.Deps) {
 		d.AutoUpdate, d.CheckInterval, d.ServerURL, d.Now = true, time.Minute, rel.URL, clock.Now
-		d.Checksum = func(ctx context.Context, u string) (string, error) { return releases.FetchChecksum(ctx, nil, u) }
+		d.Checksum = func(ctx context.Context, u string) (string, error) { return dist.FetchChecksum(ctx, nil, u) }
 	})
 	r.srv.target.Store(ptr("v2"))
 	r.waitLog("applies at the next restart", 1)
@@ -488,11 +489,11 @@ func TestAutoUpdateDoesNotLoop(t *testing.T) {
 	inst := &fakeInstaller{exe: exe, selfExec: true}
 	var checks atomic.Int32
 	clock := newClock()
-	r := newRig(t, inst, func(d *otaactor.Deps) {
+	r := newRig(t, inst, func(d *ota.Deps) {
 		d.AutoUpdate, d.CheckInterval, d.ServerURL, d.Now = true, time.Minute, "http://cp.invalid", clock.Now
 		d.Checksum = func(_ context.Context, u string) (string, error) {
 			checks.Add(1)
-			if want := "http://cp.invalid/v1/releases/v9/" + releases.DefaultTriple(); u != want {
+			if want := "http://cp.invalid/v1/releases/v9/" + dist.DefaultTriple(); u != want {
 				t.Errorf("auto-update URL %q, want %q", u, want)
 			}
 			return "", errors.New("HTTP 404 Not Found")

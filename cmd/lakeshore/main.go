@@ -9,8 +9,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"nymph/cli"
-	"nymph/localdaemon"
+	"nymph/lakeshore/cli"
+	"nymph/lakeshore/localdaemon"
 )
 
 func main() {

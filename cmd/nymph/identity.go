@@ -13,9 +13,9 @@ import (
 	"nymph/actors"
 	"nymph/actors/keys"
 	"nymph/config"
+	"nymph/daemon/uplink"
 	"nymph/identity"
 	"nymph/messages"
-	"nymph/uplink"
 )
 
 // enrollTokenPrefix starts every enrollment token the control plane mints

@@ -13,11 +13,11 @@ import (
 
 	"github.com/rs/zerolog"
 
-	otaactor "nymph/actors/ota"
+	"nymph/actors/ota"
 	"nymph/buildinfo"
 	"nymph/config"
-	"nymph/ota"
-	"nymph/releases"
+	"nymph/daemon/selfupdate"
+	"nymph/dist"
 )
 
 // sidecarTimeout bounds reading a release's .sha256 for auto-update.
@@ -26,7 +26,7 @@ const sidecarTimeout = 30 * time.Second
 // otaWiring builds the updater and the OTA actor's dependencies. Downloads
 // trust the server's CA file, and carry the daemon's bearer only to the
 // server itself.
-func otaWiring(cfg *config.Config, grace time.Duration, log zerolog.Logger) (*ota.Updater, *otaactor.Deps, error) {
+func otaWiring(cfg *config.Config, grace time.Duration, log zerolog.Logger) (*selfupdate.Updater, *ota.Deps, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if cfg.Server.CAFile != "" {
 		pem, err := os.ReadFile(cfg.Server.CAFile)
@@ -47,16 +47,16 @@ func otaWiring(cfg *config.Config, grace time.Duration, log zerolog.Logger) (*ot
 		}
 		bearer = strings.TrimSpace(string(b))
 	}
-	updater := ota.New(log, ota.Options{HTTPClient: &http.Client{Transport: tr}, Bearer: bearer, ServerURL: cfg.Server.URL})
+	updater := selfupdate.New(log, selfupdate.Options{HTTPClient: &http.Client{Transport: tr}, Bearer: bearer, ServerURL: cfg.Server.URL})
 	// The release triple is this binary's own architecture: that is what an
 	// exec of the download must run on.
-	triple, err := releases.TripleForArch(runtime.GOARCH)
+	triple, err := dist.TripleForArch(runtime.GOARCH)
 	if err != nil && cfg.Runtime.AutoUpdate {
 		log.Warn().Err(err).Msg("auto_update: no release triple for this machine; it will not update itself")
 	}
 	sidecars := &http.Client{Transport: tr, Timeout: sidecarTimeout}
-	return updater, &otaactor.Deps{
-		Settings: otaactor.Settings{
+	return updater, &ota.Deps{
+		Settings: ota.Settings{
 			Version:       buildinfo.Version,
 			Grace:         grace,
 			AutoUpdate:    cfg.Runtime.AutoUpdate,
@@ -66,10 +66,10 @@ func otaWiring(cfg *config.Config, grace time.Duration, log zerolog.Logger) (*ot
 		},
 		Installer: updater,
 		Checksum: func(ctx context.Context, binaryURL string) (string, error) {
-			return releases.FetchChecksum(ctx, sidecars, binaryURL)
+			return dist.FetchChecksum(ctx, sidecars, binaryURL)
 		},
-		State: otaactor.NewState(),
-		Log:   log.With().Str("actor", otaactor.Name).Logger(),
+		State: ota.NewState(),
+		Log:   log.With().Str("actor", ota.Name).Logger(),
 	}, nil
 }
 
@@ -79,7 +79,7 @@ func otaWiring(cfg *config.Config, grace time.Duration, log zerolog.Logger) (*ot
 // received meanwhile wins: the operator asked for a stop, so the process
 // exits and the new binary runs at the next start. An exec that fails
 // returns the error, for the service manager to start the new binary.
-func handOff(ctx context.Context, updater *ota.Updater, st *otaactor.State, signalled bool, log zerolog.Logger) error {
+func handOff(ctx context.Context, updater *selfupdate.Updater, st *ota.State, signalled bool, log zerolog.Logger) error {
 	if err := st.Wait(ctx); err != nil {
 		log.Warn().Err(err).Msg("an update download did not end in time")
 	}
@@ -97,4 +97,4 @@ func handOff(ctx context.Context, updater *ota.Updater, st *otaactor.State, sign
 	return fmt.Errorf("ota handoff: %w", err)
 }
 
-var _ otaactor.Installer = (*ota.Updater)(nil)
+var _ ota.Installer = (*selfupdate.Updater)(nil)

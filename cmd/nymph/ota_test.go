@@ -153,14 +153,14 @@ func TestSignalDuringUpdateDrainStops(t *testing.T) {
 	}
 }
 
-// Built with -X nymph/ota.selfExec=false, the daemon installs the update,
+// Built with -X nymph/daemon/selfupdate.selfExec=false, the daemon installs the update,
 // says it applies at the next restart, and carries on polling.
 func TestSelfExecOffAtLinkTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	bin := filepath.Join(t.TempDir(), "nymph")
 	build := exec.CommandContext(ctx, "go", "build", "-ldflags",
-		"-X nymph/buildinfo.Version="+testVersion+" -X nymph/ota.selfExec=false", "-o", bin, ".")
+		"-X nymph/buildinfo.Version="+testVersion+" -X nymph/daemon/selfupdate.selfExec=false", "-o", bin, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

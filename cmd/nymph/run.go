@@ -18,17 +18,17 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors"
-	otaactor "nymph/actors/ota"
+	"nymph/actors/ota"
 	"nymph/actors/poller"
 	"nymph/buildinfo"
 	"nymph/config"
-	"nymph/hostinfo"
+	"nymph/daemon/hostinfo"
+	"nymph/daemon/orphans"
+	"nymph/daemon/outbox"
+	"nymph/daemon/uplink"
 	"nymph/identity"
 	"nymph/messages"
-	"nymph/orphans"
-	"nymph/outbox"
 	"nymph/runners"
-	"nymph/uplink"
 )
 
 // outboxFlush bounds the last attempt to post pending results at exit;
@@ -141,7 +141,7 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	keysDeps, keysOpt := keysChild(holder, client, cfg, log)
 	d, err := actors.New(settings, actors.Deps{
 		Server: loggingServer{Client: client, log: log}, Results: box, Runners: registry, Reprobe: reprobe, Log: log,
-	}, actors.WithChild(otaactor.Name, otaactor.Props(otaDeps), messages.KindOtaUpdate), keysOpt)
+	}, actors.WithChild(ota.Name, ota.Props(otaDeps), messages.KindOtaUpdate), keysOpt)
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
 	}

@@ -41,7 +41,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"nymph/orphans"
+	"nymph/daemon/orphans"
 	"nymph/runners"
 	"nymph/runners/procgroup"
 	"nymph/runners/protocol"

@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"nymph/daemon/uplink"
 	"nymph/identity"
+	"nymph/lakeshore/opclient"
+	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
-	"nymph/opclient"
-	"nymph/operatorapi"
 	"nymph/test/harness"
-	"nymph/uplink"
 )
 
 // oneKey resolves a single key for the benchmark's verifier.

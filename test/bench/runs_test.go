@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"nymph/opclient"
-	"nymph/operatorapi"
+	"nymph/lakeshore/opclient"
+	"nymph/lakeshore/operatorapi"
 	"nymph/test/harness"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"nymph/operatorapi"
+	"nymph/lakeshore/operatorapi"
 	"nymph/test/harness"
 )
 

@@ -22,8 +22,8 @@ import (
 	"time"
 
 	"nymph/identity"
+	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
-	"nymph/operatorapi"
 	"nymph/test/harness"
 )
 

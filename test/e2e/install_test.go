@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"nymph/cli"
-	"nymph/opclient"
-	"nymph/operatorapi"
-	"nymph/remoteinstall"
+	"nymph/lakeshore/cli"
+	"nymph/lakeshore/opclient"
+	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/remoteinstall"
 	"nymph/test/harness"
 	"nymph/test/realparts"
 )

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"nymph/operatorapi"
+	"nymph/lakeshore/operatorapi"
 	"nymph/test/harness"
 )
 

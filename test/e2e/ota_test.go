@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
-	"nymph/operatorapi"
 	"nymph/test/fakecp"
 	"nymph/test/harness"
 )

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"nymph/operatorapi"
+	"nymph/lakeshore/operatorapi"
 	"nymph/test/harness"
 	"nymph/test/realparts"
 )

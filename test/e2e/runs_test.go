@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
-	"nymph/operatorapi"
 	"nymph/test/harness"
 	"nymph/test/realparts"
 )

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"nymph/daemon/uplink"
 	"nymph/messages"
 	"nymph/test/fakecp"
-	"nymph/uplink"
 )
 
 func client(t *testing.T, cp *fakecp.CP, opts ...uplink.Option) *uplink.Client {

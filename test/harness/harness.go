@@ -23,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"nymph/operatorapi"
+	"nymph/lakeshore/operatorapi"
 )
 
 // Version is what the binaries built by Binaries report.

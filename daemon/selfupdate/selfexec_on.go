@@ -1,0 +1,5 @@
+//go:build !nymph_no_self_exec
+
+package selfupdate
+
+const selfExecBuild = "true"

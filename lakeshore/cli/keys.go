@@ -1,0 +1,148 @@
+package cli
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"nymph/lakeshore/controlplane"
+	"nymph/lakeshore/opclient"
+)
+
+// Environment variables of daemon identity and TLS.
+const (
+	// EnvCAFile names a PEM file of CA certificates the CLI trusts besides
+	// the system's, for a control plane whose certificate a private CA signed.
+	EnvCAFile = "LAKESHORE_CA_FILE"
+	// EnvRequireSignatures=1 makes serve refuse unsigned daemon requests.
+	EnvRequireSignatures = "LAKESHORE_REQUIRE_DAEMON_SIGNATURES"
+	EnvTLSCert           = "LAKESHORE_TLS_CERT"
+	EnvTLSKey            = "LAKESHORE_TLS_KEY"
+)
+
+// httpClient is the operator API's HTTP client: nil (the default) unless
+// --ca-file or $LAKESHORE_CA_FILE names a CA to trust.
+func (a *app) httpClient() (*http.Client, error) {
+	caFile := a.caFile
+	if caFile == "" {
+		caFile = a.env.Getenv(EnvCAFile)
+	}
+	if caFile == "" {
+		return nil, nil
+	}
+	hc, err := opclient.HTTPClientWithCA(caFile)
+	if err != nil {
+		return nil, &usageError{err: fmt.Errorf("--ca-file: %w", err)}
+	}
+	return hc, nil
+}
+
+// identityOpts are serve's TLS and daemon-identity settings.
+type identityOpts struct {
+	tlsCert, tlsKey   string
+	requireSignatures bool
+	keyMaxAge         time.Duration
+}
+
+func (o *identityOpts) addFlags(cmd *cobra.Command, getenv func(string) string) {
+	fs := cmd.Flags()
+	fs.StringVar(&o.tlsCert, "tls-cert", getenv(EnvTLSCert), "serve HTTPS with this PEM certificate (chain) file; needs --tls-key (env "+EnvTLSCert+")")
+	fs.StringVar(&o.tlsKey, "tls-key", getenv(EnvTLSKey), "PEM private key of --tls-cert (env "+EnvTLSKey+")")
+	fs.BoolVar(&o.requireSignatures, "require-daemon-signatures", false,
+		"refuse daemons that do not sign their requests (env "+EnvRequireSignatures+"=1)")
+	fs.DurationVar(&o.keyMaxAge, "key-rotation-max-age", 0, "ask daemons to rotate keys older than this, e.g. 720h (default: never)")
+}
+
+// resolve folds the environment into the flags and checks them.
+func (o *identityOpts) resolve(getenv func(string) string) error {
+	if v := strings.TrimSpace(getenv(EnvRequireSignatures)); v != "" {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return &usageError{err: fmt.Errorf("%s=%q: want 1 or 0", EnvRequireSignatures, v)}
+		}
+		o.requireSignatures = o.requireSignatures || on
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return usagef("--tls-cert and --tls-key go together")
+	}
+	if o.keyMaxAge < 0 {
+		return usagef("--key-rotation-max-age %s: want a positive duration", o.keyMaxAge)
+	}
+	return nil
+}
+
+// apply copies the settings into the control plane's configuration.
+func (o identityOpts) apply(cfg *controlplane.Config) {
+	cfg.TLSCertFile, cfg.TLSKeyFile = o.tlsCert, o.tlsKey
+	cfg.RequireSignatures = o.requireSignatures
+	cfg.KeyRotationMaxAge = o.keyMaxAge
+}
+
+// url gives a URL derived from the listener the scheme serve speaks.
+func (o identityOpts) url(u string) string {
+	if o.tlsCert != "" {
+		if rest, ok := strings.CutPrefix(u, "http://"); ok {
+			return "https://" + rest
+		}
+	}
+	return u
+}
+
+func (a *app) daemonRotateKeyCmd() *cobra.Command {
+	return a.queueVerb(queueVerb{
+		use:   "rotate-key <daemon>",
+		short: "Ask a daemon to replace its identity key",
+		long: `Queue a rotate_key command. The daemon makes a new Ed25519 keypair, registers it
+with the control plane in a request signed by its current key, and switches to
+it only once the control plane has accepted it; from then on the old key is
+refused. A daemon without an enrolled key ([identity] disabled) is a 409.
+--json prints {commandId, workerId, kind}.`,
+		example: `  lakeshore daemon rotate-key gpu-rig
+  lakeshore daemon rotate-key 5f0c1e2d3b4a59687a6b5c4d --id --json`,
+		call: (*opclient.Client).RotateKey,
+		done: "queued rotate_key on %s (command %s); 'lakeshore daemon show' lists its keys\n",
+	})
+}
+
+func (a *app) daemonRevokeKeyCmd() *cobra.Command {
+	var keyID string
+	var jsonOut, byID bool
+	cmd := &cobra.Command{
+		Use:   "revoke-key <daemon> [--key-id K]",
+		Short: "Revoke a daemon's identity key at once",
+		Long: `Revoke a daemon's current key, or the one --key-id names. Every request signed
+by it is refused from that moment; a long-poll already waiting ends normally
+and the next one is refused. To bring the daemon back, delete its key file so
+it makes a new key, and give it a fresh token from
+'lakeshore token create --enroll': a revoked key is never accepted again.
+--json prints {workerId, key: {keyId, createdAt, revokedAt}}.`,
+		Example: `  lakeshore daemon revoke-key gpu-rig
+  lakeshore daemon revoke-key gpu-rig --key-id k_If4x36FUomFia_hUBG_SJw`,
+		Args:              exactArgs(1, "one <daemon>"),
+		ValidArgsFunction: a.completeDaemon,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			c, w, err := a.clientAndTarget(ctx, args[0], byID)
+			if err != nil {
+				return err
+			}
+			rv, err := c.RevokeKey(ctx, w.ID, keyID)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return writeJSON(a.env.Stdout, rv)
+			}
+			_, err = fmt.Fprintf(a.env.Stdout, "revoked key %s of %s\n", rv.Key.KeyID, describe(w))
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&keyID, "key-id", "", "the key to revoke (default: the daemon's current key)")
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
+	return cmd
+}

@@ -1,0 +1,264 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"nymph/identity"
+	"nymph/lakeshore/cli"
+	"nymph/lakeshore/operatorapi"
+	"nymph/messages"
+)
+
+// writeTestCA makes a private CA and a certificate for 127.0.0.1 signed by
+// it, and returns the CA, certificate and key files.
+func writeTestCA(t *testing.T, dir string) (caFile, certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "cp"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	caFile, certFile, keyFile = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cp.pem"), filepath.Join(dir, "cp-key.pem")
+	for path, b := range map[string]*pem.Block{
+		caFile: {Type: "CERTIFICATE", Bytes: caDER}, certFile: {Type: "CERTIFICATE", Bytes: der}, keyFile: {Type: "EC PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(path, pem.EncodeToMemory(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool = x509.NewCertPool()
+	pool.AddCert(caCert)
+	return caFile, certFile, keyFile, pool
+}
+
+// TestServeTLSAndKeyVerbs runs `lakeshore serve` over HTTPS with signatures
+// required, enrolls a hand-driven daemon with a token from `token create
+// --enroll`, and drives show, rotate-key and revoke-key through --ca-file.
+func TestServeTLSAndKeyVerbs(t *testing.T) {
+	dir := t.TempDir()
+	caFile, certFile, keyFile, pool := writeTestCA(t, dir)
+	creds := filepath.Join(dir, "credentials.json")
+	env := map[string]string{
+		cli.EnvCredentials:       creds,
+		cli.EnvDaemonToken:       "shared-daemon-token",
+		cli.EnvRequireSignatures: "1",
+		cli.EnvCAFile:            caFile,
+		"HOME":                   dir,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := &lineSignal{needle: "generated admin token", ch: make(chan struct{})}
+	served := make(chan result, 1)
+	go func() {
+		served <- runCLI(t, runOpts{ctx: ctx, stdout: ready}, env, "serve", "--addr", "127.0.0.1:0",
+			"--data", filepath.Join(dir, "data"), "--log-format", "json", "--tls-cert", certFile, "--tls-key", keyFile)
+	}()
+	select {
+	case <-ready.ch:
+	case r := <-served:
+		t.Fatalf("serve exited early: %+v", r)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve printed no admin token")
+	}
+	c, err := cli.ReadCredentials(creds)
+	if err != nil || !strings.HasPrefix(c.URL, "https://127.0.0.1:") {
+		t.Fatalf("credentials %+v %v", c, err)
+	}
+
+	// The CA file is what makes the HTTPS server trusted.
+	noCA := map[string]string{}
+	for k, v := range env {
+		noCA[k] = v
+	}
+	delete(noCA, cli.EnvCAFile)
+	if r := runCLI(t, runOpts{}, noCA, "daemon", "list"); r.code == 0 || !strings.Contains(r.stderr, "certificate") {
+		t.Fatalf("list without the CA: %+v", r)
+	}
+	if r := runCLI(t, runOpts{}, noCA, "daemon", "list", "--ca-file", caFile); r.code != 0 {
+		t.Fatalf("list with --ca-file: %+v", r)
+	}
+	if r := runCLI(t, runOpts{}, noCA, "daemon", "list", "--ca-file", filepath.Join(dir, "nope.pem")); r.code != cli.ExitUsage {
+		t.Fatalf("list with a missing CA file: %+v", r)
+	}
+
+	r := runCLI(t, runOpts{}, env, "token", "create", "--enroll", "--ttl", "1h", "--json")
+	var tok operatorapi.TokenResponse
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &tok) != nil || !strings.HasPrefix(tok.Token, "dle_") || tok.ExpiresAt == nil ||
+		tok.ExpiresAt.Sub(time.Now()) < 59*time.Minute || tok.ExpiresAt.Sub(time.Now()) > time.Hour+time.Minute {
+		t.Fatalf("token create --enroll --ttl 1h: %+v", r)
+	}
+
+	d := &signedDaemon{t: t, url: c.URL, client: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, key: newIdentityKey(t)}
+	// Signatures are required: the bearer alone is turned away.
+	if hr := d.hello("shared-daemon-token", false); hr.Reject == nil || hr.Reject.Code != messages.RejectEnrollmentSignatureRequired {
+		t.Fatalf("bearer-only hello: %+v", hr.Reject)
+	}
+	hr := d.hello(tok.Token, true)
+	if hr.Reject != nil || hr.KeyID == nil || *hr.KeyID != d.key.ID() {
+		t.Fatalf("enrollment: %+v", hr.Reject)
+	}
+	d.worker = *hr.WorkerID
+	if st := d.poll(); st != http.StatusOK {
+		t.Fatalf("signed poll: %d", st)
+	}
+
+	r = runCLI(t, runOpts{}, env, "daemon", "show", "keyed")
+	if r.code != 0 || !strings.Contains(r.stdout, d.key.ID()) || !strings.Contains(r.stdout, "KEY ID") {
+		t.Fatalf("show: %+v", r)
+	}
+	r = runCLI(t, runOpts{}, env, "daemon", "rotate-key", "keyed", "--json")
+	var q operatorapi.Queued
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &q) != nil || q.Kind != messages.KindRotateKey || q.WorkerID != d.worker {
+		t.Fatalf("rotate-key: %+v", r)
+	}
+	r = runCLI(t, runOpts{}, env, "daemon", "revoke-key", "keyed", "--key-id", "k_unknown")
+	if r.code != cli.ExitError || !strings.Contains(r.stderr, "HTTP 404") {
+		t.Fatalf("revoke-key of an unknown key: %+v", r)
+	}
+	r = runCLI(t, runOpts{}, env, "daemon", "revoke-key", "keyed")
+	if r.code != 0 || !strings.Contains(r.stdout, "revoked key "+d.key.ID()) {
+		t.Fatalf("revoke-key: %+v", r)
+	}
+	if st := d.poll(); st != http.StatusUnauthorized {
+		t.Fatalf("poll after revoke-key: %d", st)
+	}
+	r = runCLI(t, runOpts{}, env, "daemon", "show", "keyed", "--json")
+	var w operatorapi.Worker
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &w) != nil || len(w.Keys) != 1 || w.Keys[0].RevokedAt == nil {
+		t.Fatalf("show --json after revoke: %+v", r)
+	}
+
+	cancel()
+	select {
+	case r := <-served:
+		if r.code != 0 {
+			t.Fatalf("serve: %+v", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
+func TestServeRefusesHalfATLSPairAndABadSignatureSetting(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+	}{
+		{nil, []string{"--tls-cert", filepath.Join(dir, "cp.pem")}},
+		{map[string]string{cli.EnvRequireSignatures: "sometimes"}, nil},
+	} {
+		env := map[string]string{cli.EnvCredentials: filepath.Join(dir, "c.json"), "HOME": dir}
+		for k, v := range tc.env {
+			env[k] = v
+		}
+		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data")}, tc.args...)
+		if r := runCLI(t, runOpts{}, env, args...); r.code != cli.ExitUsage {
+			t.Fatalf("%v %v: %+v", tc.env, tc.args, r)
+		}
+	}
+}
+
+func newIdentityKey(t *testing.T) *identity.Key {
+	t.Helper()
+	k, err := identity.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// signedDaemon is a daemon with an identity key, driven by hand.
+type signedDaemon struct {
+	t      *testing.T
+	url    string
+	client *http.Client
+	key    *identity.Key
+	worker string
+}
+
+func (d *signedDaemon) post(path, bearer string, sign bool, body any) *http.Response {
+	d.t.Helper()
+	b, err := messages.Marshal(body)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, d.url+path, bytes.NewReader(b))
+	req.Header.Set("Content-Type", messages.ContentType)
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	if sign {
+		if err := d.key.SignRequest(req, b, time.Now()); err != nil {
+			d.t.Fatal(err)
+		}
+	}
+	resp, err := d.client.Do(req)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return resp
+}
+
+func (d *signedDaemon) hello(bearer string, sign bool) messages.HelloResponse {
+	d.t.Helper()
+	v, proto := "0.0.0-test", messages.ProtocolVersion
+	req := messages.HelloRequest{MachineID: "host-keyed", Label: "keyed", Tags: []string{},
+		Capabilities: messages.Capabilities{Runners: []string{"process"}}, Versions: messages.Versions{Daemon: &v, Protocol: &proto}}
+	if sign {
+		req.PublicKey = d.key.PublicKeyB64()
+	}
+	resp := d.post("/v1/daemon/hello", bearer, sign, req)
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var hr messages.HelloResponse
+	if resp.StatusCode != http.StatusOK || messages.Unmarshal(raw, &hr) != nil {
+		d.t.Fatalf("hello: %d %q", resp.StatusCode, raw)
+	}
+	return hr
+}
+
+func (d *signedDaemon) poll() int {
+	d.t.Helper()
+	resp := d.post("/v1/daemon/poll", "", true, messages.PollRequest{WorkerID: d.worker})
+	resp.Body.Close()
+	return resp.StatusCode
+}

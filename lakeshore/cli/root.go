@@ -1,0 +1,305 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/spf13/cobra"
+
+	"nymph/buildinfo"
+	"nymph/lakeshore/localdaemon"
+	"nymph/lakeshore/opclient"
+	"nymph/lakeshore/operatorapi"
+)
+
+// Env is everything lakeshore takes from the process around it, so tests
+// can drive the whole command tree in-process.
+type Env struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	Getenv         func(string) string
+	// Whether each stream is a terminal: prompts need StdinTTY, live
+	// tables StdoutTTY, progress lines StderrTTY.
+	StdinTTY, StdoutTTY, StderrTTY bool
+	Now                            func() time.Time
+	// Procs finds and stops local daemons (daemon status / stop).
+	Procs localdaemon.Scanner
+}
+
+// SystemEnv is the real process environment.
+func SystemEnv() Env {
+	return Env{
+		Stdin:     os.Stdin,
+		Stdout:    os.Stdout,
+		Stderr:    os.Stderr,
+		Getenv:    os.Getenv,
+		StdinTTY:  isTerminal(os.Stdin),
+		StdoutTTY: isTerminal(os.Stdout),
+		StderrTTY: isTerminal(os.Stderr),
+		Now:       time.Now,
+	}
+}
+
+func isTerminal(f *os.File) bool {
+	return isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd())
+}
+
+// app holds the global flags and the environment of one run.
+type app struct {
+	env        Env
+	server     string
+	adminToken string
+	namespace  string
+	caFile     string
+}
+
+const (
+	// annExec marks the exec verbs, whose own failures exit 125.
+	annExec = "lakeshore/exec"
+	// annWatch marks verbs taking --watch [seconds].
+	annWatch = "lakeshore/watch"
+)
+
+// Main runs lakeshore with args (without the program name) and returns the
+// process exit code. Cancelling ctx (SIGINT, SIGTERM) interrupts the verb.
+func Main(ctx context.Context, args []string, env Env) int {
+	if env.Getenv == nil {
+		env.Getenv = func(string) string { return "" }
+	}
+	if env.Now == nil {
+		env.Now = time.Now
+	}
+	if env.Stdin == nil {
+		env.Stdin = strings.NewReader("")
+	}
+	if env.Stdout == nil {
+		env.Stdout = io.Discard
+	}
+	if env.Stderr == nil {
+		env.Stderr = io.Discard
+	}
+	a := &app{env: env}
+	root := a.rootCmd()
+	root.SetArgs(joinWatchValue(root, args))
+	root.SetIn(env.Stdin)
+	root.SetOut(env.Stdout)
+	root.SetErr(env.Stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	return a.finish(ctx, cmd, err)
+}
+
+// finish prints err (if any) and picks the exit code.
+func (a *app) finish(ctx context.Context, cmd *cobra.Command, err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			a.printErr(ee.err)
+		}
+		return ee.code
+	}
+	inExec := cmd != nil && cmd.Annotations[annExec] != ""
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		fmt.Fprintln(a.env.Stderr, "lakeshore: interrupted")
+		return ExitInterrupted
+	}
+	a.printErr(err)
+	if isUsage(err) {
+		if cmd != nil {
+			fmt.Fprintf(a.env.Stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		}
+		if inExec {
+			return ExitExecCLIFailed
+		}
+		return ExitUsage
+	}
+	if inExec {
+		return ExitExecCLIFailed
+	}
+	return ExitError
+}
+
+func (a *app) printErr(err error) {
+	msg := err.Error()
+	switch {
+	case opclient.IsUnauthorized(err):
+		msg += "; check " + EnvAdminToken + " or --admin-token"
+	case opclient.IsTransport(err) && !errors.Is(err, context.Canceled):
+		msg += "; is `lakeshore serve` running there?"
+	}
+	fmt.Fprintf(a.env.Stderr, "lakeshore: %s\n", msg)
+}
+
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "lakeshore",
+		Short: "Control plane and operator CLI for a fleet of nymph daemons",
+		Long: `lakeshore runs the control plane (lakeshore serve) and drives the nymph daemons
+registered to it: list them, run commands on them, push setup scripts, pause,
+reset and remove them.
+
+The CLI finds its control plane through --server or $LAKESHORE_URL and its
+admin token through --admin-token or $LAKESHORE_ADMIN_TOKEN; on the machine
+that runs 'lakeshore serve' it falls back to the credentials file serve
+writes ($LAKESHORE_CREDENTIALS, else $XDG_CONFIG_HOME/lakeshore/credentials.json,
+else ~/.config/lakeshore/credentials.json), so no flag is needed there.
+
+` + ExitCodeHelp,
+		Example: `  lakeshore serve --data ~/.local/share/lakeshore
+  lakeshore daemon list
+  lakeshore daemon exec gpu-rig nvidia-smi
+  lakeshore exec --queue training uname -a`,
+		Version:           buildinfo.Version,
+		SilenceUsage:      true,
+		SilenceErrors:     true,
+		Args:              cobra.ArbitraryArgs,
+		RunE:              groupRun,
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+	}
+	root.SetVersionTemplate("lakeshore {{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err: err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.server, "server", "", "control plane URL (default $"+EnvURL+", else the credentials file)")
+	pf.StringVar(&a.adminToken, "admin-token", "", "admin token (default $"+EnvAdminToken+", else the credentials file)")
+	pf.StringVarP(&a.namespace, "namespace", "n", "", `namespace (default $`+EnvNamespace+`, else "default")`)
+	pf.StringVar(&a.caFile, "ca-file", "", "PEM file of CA certificates to trust for an https control plane (default $"+EnvCAFile+")")
+
+	root.AddCommand(
+		a.serveCmd(),
+		a.tokenCmd(),
+		a.daemonCmd(),
+		a.queueExecCmd(),
+		a.completionCmd(),
+		a.versionCmd(),
+		a.releaseCmd(), a.queueCmd(),
+		a.runCmd(), a.invocationsCmd(),
+	)
+	return root
+}
+
+// groupRun is the body of a command that only groups others: without
+// arguments it prints help, with one it reports an unknown verb.
+func groupRun(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return cmd.Help()
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "; did you mean " + strings.Join(s, " or ") + "?"
+	}
+	return usagef("%s", msg)
+}
+
+// client builds an operator API client from flags, environment and the
+// credentials file.
+func (a *app) client() (*opclient.Client, error) {
+	t, err := resolveTarget(a.server, a.adminToken, a.namespace, a.env.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	hc, err := a.httpClient()
+	if err != nil {
+		return nil, err
+	}
+	return opclient.New(t.URL, t.Token, opclient.Options{Namespace: t.Namespace, HTTPClient: hc})
+}
+
+func (a *app) ns() string {
+	if a.namespace != "" {
+		return a.namespace
+	}
+	if ns := a.env.Getenv(EnvNamespace); ns != "" {
+		return ns
+	}
+	return operatorapi.DefaultNamespace
+}
+
+// Argument validators that report usage errors.
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("%s takes no arguments, got %q", cmd.CommandPath(), strings.Join(args, " "))
+	}
+	return nil
+}
+
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s wants %s, got %d argument(s)", cmd.CommandPath(), names, len(args))
+		}
+		return nil
+	}
+}
+
+// joinWatchValue rewrites "--watch 5" as "--watch=5" for the verbs that
+// take an optional --watch value, so the number is not read as an argument.
+func joinWatchValue(root *cobra.Command, args []string) []string {
+	cmd, _, err := root.Find(args)
+	if err != nil || cmd.Annotations[annWatch] == "" {
+		return args
+	}
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--" {
+			return append(out, args[i:]...)
+		}
+		if args[i] == "--watch" && i+1 < len(args) {
+			if _, err := strconv.ParseFloat(args[i+1], 64); err == nil {
+				out = append(out, "--watch="+args[i+1])
+				i++
+				continue
+			}
+		}
+		out = append(out, args[i])
+	}
+	return out
+}
+
+func (a *app) versionCmd() *cobra.Command {
+	var jsonOut bool
+	cmd := &cobra.Command{
+		Use:     "version",
+		Short:   "Print lakeshore's version",
+		Example: "  lakeshore version\n  lakeshore version --json",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if jsonOut {
+				return writeJSON(a.env.Stdout, map[string]string{"version": buildinfo.Version})
+			}
+			_, err := fmt.Fprintf(a.env.Stdout, "lakeshore %s\n", buildinfo.Version)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
+	return cmd
+}
+
+// describe names a worker for messages: "label (id)".
+func describe(w operatorapi.Worker) string {
+	if w.Label == "" || w.Label == w.ID {
+		return w.ID
+	}
+	return fmt.Sprintf("%s (%s)", w.Label, w.ID)
+}
+
+// sleepCtx waits d or until ctx ends; it reports whether d elapsed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,275 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"nymph/lakeshore/controlplane"
+	"nymph/lakeshore/store/postgres"
+)
+
+// Defaults of `lakeshore serve`.
+const (
+	DefaultAddr  = "127.0.0.1:7700"
+	EnvAddr      = "LAKESHORE_ADDR"
+	EnvPublicURL = "LAKESHORE_PUBLIC_URL"
+	EnvDataDir   = "LAKESHORE_DATA"
+	EnvStore     = "LAKESHORE_STORE"
+)
+
+type serveOpts struct {
+	addr, dataDir, publicURL, daemonToken string
+	store                                 string
+	logLevel, logFormat                   string
+	noCredentials                         bool
+	staleAfter                            time.Duration
+	identity                              identityOpts
+}
+
+func (a *app) serveCmd() *cobra.Command {
+	var o serveOpts
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the control plane",
+		Long: `Run the control plane: the daemon routes nymph talks to and the operator API
+this CLI talks to, on an embedded SQLite store in --data.
+
+--store (or $LAKESHORE_STORE) postgres://USER@HOST/DB keeps the state in
+PostgreSQL instead, so that several control planes — replicas behind one
+address, or a standby — share it: each migrates the schema once, claims
+work safely against the others, and wakes the long-polls parked on the
+others through LISTEN/NOTIFY. Give every replica the same admin token
+($LAKESHORE_ADMIN_TOKEN) and daemon token. --data still holds each
+replica's releases and payloads.
+
+The admin token comes from --admin-token or $LAKESHORE_ADMIN_TOKEN; without
+one, the control plane generates one on first start, keeps it (mode 0600) in
+the data directory and prints it here once. Either way serve writes it, with
+this machine's URL, to the credentials file ($LAKESHORE_CREDENTIALS, else
+$XDG_CONFIG_HOME/lakeshore/credentials.json, else
+~/.config/lakeshore/credentials.json; mode 0600), so the CLI on this machine
+needs no flags.
+
+Daemons authenticate with tokens from 'lakeshore token create', or with the
+shared bootstrap token --daemon-token / $LAKESHORE_DAEMON_TOKEN.
+--public-url is the URL daemons are told to use (default: the listen address).
+--tls-cert and --tls-key serve HTTPS; a CLI then trusts a private CA through
+--ca-file or $LAKESHORE_CA_FILE. --require-daemon-signatures (or
+$LAKESHORE_REQUIRE_DAEMON_SIGNATURES=1) turns away daemons that do not sign
+their requests with an enrolled key ('lakeshore token create --enroll').
+SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
+		Example: `  lakeshore serve
+  lakeshore serve --addr 0.0.0.0:7700 --data /var/lib/lakeshore --public-url https://cp.example.internal:7700
+  LAKESHORE_DAEMON_TOKEN=$(cat daemon-token) lakeshore serve --data ./cp
+  lakeshore serve --addr 0.0.0.0:7700 --tls-cert cp.pem --tls-key cp-key.pem --require-daemon-signatures
+  LAKESHORE_ADMIN_TOKEN=$(cat admin-token) lakeshore serve --store postgres://lakeshore@db.internal/lakeshore`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.serve(cmd.Context(), o)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.addr, "addr", envOr(a.env.Getenv, EnvAddr, DefaultAddr), "listen address (env "+EnvAddr+")")
+	fs.StringVar(&o.dataDir, "data", a.env.Getenv(EnvDataDir), "data directory (env "+EnvDataDir+"; default $XDG_DATA_HOME/lakeshore or ~/.local/share/lakeshore)")
+	fs.StringVar(&o.store, "store", a.env.Getenv(EnvStore), "where state lives: sqlite (the file in --data, the default) or a postgres:// URL shared by replicas (env "+EnvStore+")")
+	fs.StringVar(&o.publicURL, "public-url", a.env.Getenv(EnvPublicURL), "URL daemons use to reach this control plane (env "+EnvPublicURL+")")
+	fs.StringVar(&o.daemonToken, "daemon-token", "", "shared bootstrap token daemons may present (env "+EnvDaemonToken+")")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&o.logFormat, "log-format", "auto", "log format: json, console, or auto (console on a terminal)")
+	fs.BoolVar(&o.noCredentials, "no-credentials", false, "do not write the credentials file")
+	// A shorter stale window lets end-to-end tests see stale workers
+	// without waiting a minute; operators have no reason to change it.
+	fs.DurationVar(&o.staleAfter, "stale-after", 0, "how long a daemon may go unseen before it reads back stale (default 60s)")
+	_ = fs.MarkHidden("stale-after")
+	o.identity.addFlags(cmd, a.env.Getenv)
+	return cmd
+}
+
+func envOr(getenv func(string) string, key, def string) string {
+	if v := getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func (a *app) serve(ctx context.Context, o serveOpts) error {
+	logger, err := newLogger(a.env, o.logLevel, o.logFormat)
+	if err != nil {
+		return &usageError{err: err}
+	}
+	if o.dataDir == "" {
+		if o.dataDir, err = defaultDataDir(a.env.Getenv); err != nil {
+			return err
+		}
+	}
+	if o.daemonToken == "" {
+		o.daemonToken = a.env.Getenv(EnvDaemonToken)
+	}
+	if err := o.identity.resolve(a.env.Getenv); err != nil {
+		return err
+	}
+	adminToken := a.adminToken
+	if adminToken == "" {
+		adminToken = a.env.Getenv(EnvAdminToken)
+	}
+	if o.publicURL != "" {
+		o.publicURL = strings.TrimRight(withScheme(o.publicURL), "/")
+	}
+
+	shared, err := openStore(ctx, o.store)
+	if err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		if shared != nil {
+			shared.Close()
+		}
+		return fmt.Errorf("listen on %s: %w", o.addr, err)
+	}
+	defer ln.Close()
+	local := o.identity.url(localURL(ln.Addr()))
+	public := o.publicURL
+	if public == "" {
+		public = local
+	}
+
+	cfg := controlplane.Config{
+		Addr:        ln.Addr().String(),
+		DataDir:     o.dataDir,
+		PublicURL:   public,
+		AdminToken:  adminToken,
+		DaemonToken: o.daemonToken,
+		Logger:      logger,
+		StaleAfter:  o.staleAfter,
+	}
+	if shared != nil {
+		cfg.Store, cfg.Notifier = shared, shared.Notifier()
+		logger.Info().Str("store", "postgres").Msg("state in PostgreSQL, shared with any other replica")
+	}
+	o.identity.apply(&cfg)
+	srv, err := controlplane.New(ctx, cfg)
+	if err != nil {
+		if shared != nil {
+			shared.Close()
+		}
+		return fmt.Errorf("start the control plane: %w", err)
+	}
+	defer srv.Close()
+
+	credsPath := ""
+	if !o.noCredentials {
+		credsPath, err = CredentialsPath(a.env.Getenv)
+		if err == nil {
+			err = WriteCredentials(credsPath, Credentials{URL: local, AdminToken: srv.AdminToken(), PublicURL: public})
+		}
+		if err != nil {
+			return fmt.Errorf("credentials file: %w", err)
+		}
+	}
+	if srv.AdminTokenCreated() {
+		fmt.Fprintf(a.env.Stdout, "generated admin token (shown once): %s\n", srv.AdminToken())
+		if credsPath != "" {
+			fmt.Fprintf(a.env.Stdout, "saved for this machine's CLI in %s\n", credsPath)
+		} else {
+			fmt.Fprintf(a.env.Stdout, "use it elsewhere with %s=<token>\n", EnvAdminToken)
+		}
+	}
+	if credsPath != "" {
+		logger.Info().Str("path", credsPath).Str("url", local).Msg("credentials written for this machine's CLI")
+	}
+
+	err = srv.Serve(ctx, ln)
+	if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) &&
+		!(ctx.Err() != nil && errors.Is(err, context.Canceled)) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	logger.Info().Msg("control plane stopped")
+	return nil
+}
+
+// openStore opens the PostgreSQL store --store names, or returns nil for the
+// embedded SQLite file the control plane opens itself.
+func openStore(ctx context.Context, spec string) (*postgres.DB, error) {
+	switch {
+	case spec == "" || spec == "sqlite":
+		return nil, nil
+	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
+		db, err := postgres.Open(ctx, spec)
+		if err != nil {
+			// The error may quote the URL, password and all; say where
+			// without it.
+			return nil, fmt.Errorf("--store: open PostgreSQL at %s: %w", redactURL(spec), redactErr(err, spec))
+		}
+		return db, nil
+	default:
+		return nil, usagef("--store %q: want sqlite or a postgres:// URL", redactURL(spec))
+	}
+}
+
+// redactURL drops the password from a URL for messages and logs.
+func redactURL(spec string) string {
+	u, err := url.Parse(spec)
+	if err != nil {
+		return "(an unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// redactErr replaces the password in err's text, if it appears there.
+func redactErr(err error, spec string) error {
+	u, perr := url.Parse(spec)
+	if perr != nil || u.User == nil {
+		return err
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), pw, "[redacted]"))
+}
+
+func defaultDataDir(getenv func(string) string) (string, error) {
+	if x := getenv("XDG_DATA_HOME"); x != "" {
+		return filepath.Join(x, "lakeshore"), nil
+	}
+	home := getenv("HOME")
+	if home == "" {
+		return "", errors.New("--data is required: neither XDG_DATA_HOME nor HOME is set")
+	}
+	return filepath.Join(home, ".local", "share", "lakeshore"), nil
+}
+
+// newLogger builds the one logger serve injects into the control plane.
+func newLogger(env Env, level, format string) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(strings.ToLower(level))
+	if err != nil || level == "" {
+		return zerolog.Logger{}, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	var console bool
+	switch format {
+	case "auto":
+		console = env.StderrTTY
+	case "console":
+		console = true
+	case "json":
+	default:
+		return zerolog.Logger{}, fmt.Errorf("--log-format %q: want json, console or auto", format)
+	}
+	if console {
+		w := zerolog.ConsoleWriter{Out: env.Stderr, TimeFormat: time.TimeOnly}
+		return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+	}
+	return zerolog.New(env.Stderr).Level(lvl).With().Timestamp().Logger(), nil
+}

@@ -1,0 +1,207 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"nymph/lakeshore/cli"
+	"nymph/lakeshore/operatorapi"
+	"nymph/messages"
+)
+
+// lineSignal closes ch the first time a write contains needle.
+type lineSignal struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	needle string
+	ch     chan struct{}
+	once   sync.Once
+}
+
+func (l *lineSignal) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	if strings.Contains(l.buf.String(), l.needle) {
+		l.once.Do(func() { close(l.ch) })
+	}
+	return len(p), nil
+}
+
+// miniDaemon speaks just enough of the daemon protocol to register and
+// answer one streamed exec: two chunks, then exit code 3.
+type miniDaemon struct {
+	t        *testing.T
+	url      string
+	token    string
+	workerID string
+}
+
+func (l *lineSignal) text() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (d *miniDaemon) post(path string, body any, out any) {
+	d.t.Helper()
+	b, err := messages.Marshal(body)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	d.postRaw(path, messages.ContentType, b, out)
+}
+
+func (d *miniDaemon) postRaw(url, ctype string, b []byte, out any) {
+	d.t.Helper()
+	if !strings.HasPrefix(url, "http") {
+		url = d.url + url
+	}
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
+	req.Header.Set("Content-Type", ctype)
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		d.t.Fatalf("POST %s: %s %q", url, resp.Status, raw)
+	}
+	if out != nil {
+		if err := messages.Unmarshal(raw, out); err != nil {
+			d.t.Fatalf("POST %s: %v", url, err)
+		}
+	}
+}
+
+func (d *miniDaemon) hello(label string) {
+	v, proto := "0.0.0-test", messages.ProtocolVersion
+	var resp messages.HelloResponse
+	d.post("/v1/daemon/hello", messages.HelloRequest{
+		MachineID: "host-" + label, Label: label, Tags: []string{"env=test"},
+		Capabilities: messages.Capabilities{Runners: []string{"process"}},
+		Versions:     messages.Versions{Daemon: &v, Protocol: &proto},
+	}, &resp)
+	if resp.Reject != nil || resp.WorkerID == nil {
+		d.t.Fatalf("hello refused: %+v", resp)
+	}
+	d.workerID = *resp.WorkerID
+}
+
+// serveOneExec long-polls until an exec arrives and answers it.
+func (d *miniDaemon) serveOneExec(done chan<- error) {
+	var cursor *string
+	for {
+		var resp messages.PollResponse
+		d.post("/v1/daemon/poll", messages.PollRequest{WorkerID: d.workerID, TimeoutS: 20, Cursor: cursor}, &resp)
+		cursor = resp.Cursor
+		for _, c := range resp.Commands {
+			ex, ok := messages.DecodeCommand(c).(*messages.Exec)
+			if !ok {
+				continue
+			}
+			if ex.Log == nil {
+				done <- fmt.Errorf("exec %s asked for no stream", ex.ExecID)
+				return
+			}
+			d.postRaw(ex.Log.StdoutURL, "application/octet-stream", []byte("tick 1\n"), nil)
+			d.postRaw(ex.Log.StdoutURL, "application/octet-stream", []byte("tick 2\n"), nil)
+			d.post("/v1/daemon/exec/"+ex.ExecID+"/result", messages.ExecResult{ExitCode: 3, DurationMs: 5}, nil)
+			done <- nil
+			return
+		}
+	}
+}
+
+func TestServeEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "credentials.json")
+	env := map[string]string{
+		cli.EnvCredentials: creds,
+		cli.EnvDaemonToken: "shared-daemon-token",
+		"HOME":             dir,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := &lineSignal{needle: "generated admin token", ch: make(chan struct{})}
+	served := make(chan result, 1)
+	go func() {
+		served <- runCLI(t, runOpts{ctx: ctx, stdout: ready}, env,
+			"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data"), "--log-format", "json")
+	}()
+	select {
+	case <-ready.ch:
+	case r := <-served:
+		t.Fatalf("serve exited early: %+v", r)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve printed no admin token")
+	}
+
+	st, err := os.Stat(creds)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("credentials file: %v %v", st, err)
+	}
+	c, err := cli.ReadCredentials(creds)
+	if err != nil || c.AdminToken == "" || !strings.HasPrefix(c.URL, "http://127.0.0.1:") {
+		t.Fatalf("credentials = %+v, %v", c, err)
+	}
+	if !strings.Contains(ready.text(), c.AdminToken) {
+		t.Fatal("the generated token printed is not the one saved")
+	}
+
+	// No URL, no token: the credentials file is enough.
+	r := runCLI(t, runOpts{}, env, "daemon", "list", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"workers": []`) {
+		t.Fatalf("list: %+v", r)
+	}
+
+	d := &miniDaemon{t: t, url: c.URL, token: "shared-daemon-token"}
+	d.hello("mini")
+	execDone := make(chan error, 1)
+	go d.serveOneExec(execDone)
+
+	r = runCLI(t, runOpts{}, env, "daemon", "exec", "mini", "echo", "hi")
+	if r.code != 3 || r.stdout != "tick 1\ntick 2\n" {
+		t.Fatalf("exec: %+v", r)
+	}
+	if err := <-execDone; err != nil {
+		t.Fatal(err)
+	}
+
+	r = runCLI(t, runOpts{}, env, "daemon", "show", "mini", "--json")
+	var w operatorapi.Worker
+	if err := json.Unmarshal([]byte(r.stdout), &w); err != nil || w.ID != d.workerID || w.Label != "mini" {
+		t.Fatalf("show: %v %+v", err, r)
+	}
+
+	r = runCLI(t, runOpts{}, env, "daemon", "hibernate", "mini", "--until", "2020-01-01T00:00:00Z")
+	if r.code != cli.ExitError || !strings.Contains(r.stderr, "HTTP 400") {
+		t.Fatalf("past hibernate: %+v", r)
+	}
+	r = runCLI(t, runOpts{}, env, "daemon", "cleanup", "--older-than", "0", "--yes")
+	if r.code != cli.ExitError || !strings.Contains(r.stderr, "HTTP 400") {
+		t.Fatalf("cleanup 0: %+v", r)
+	}
+
+	cancel()
+	select {
+	case r := <-served:
+		if r.code != 0 {
+			t.Fatalf("serve stopped with %+v", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop on cancel")
+	}
+}

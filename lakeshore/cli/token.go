@@ -1,0 +1,167 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"nymph/lakeshore/operatorapi"
+)
+
+func (a *app) tokenCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "token",
+		Short: "Mint, list and revoke daemon tokens",
+		Args:  cobra.ArbitraryArgs,
+		RunE:  groupRun,
+	}
+	cmd.AddCommand(a.tokenCreateCmd(), a.tokenListCmd(), a.tokenRevokeCmd())
+	return cmd
+}
+
+func (a *app) tokenListCmd() *cobra.Command {
+	var jsonOut bool
+	cmd := &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List minted tokens (never their secrets), oldest first",
+		Long: `List every token minted with 'lakeshore token create': its id (what 'token
+revoke' takes), kind (daemon or enroll), state (active, revoked, expired,
+consumed), label and times. Secrets are never stored, so they are never shown.
+--json prints {"tokens": [...]}.`,
+		Example: `  lakeshore token list
+  lakeshore token list --json | jq -r '.tokens[] | select(.state == "active") | .id'`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ts, err := c.ListTokens(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return writeJSON(a.env.Stdout, operatorapi.TokenList{Tokens: ts})
+			}
+			if len(ts) == 0 {
+				_, err := fmt.Fprintln(a.env.Stdout, "no tokens minted; see `lakeshore token create`")
+				return err
+			}
+			now := a.env.Now()
+			tw := newTable(a.env.Stdout)
+			fmt.Fprintln(tw, "ID\tKIND\tSTATE\tLABEL\tCREATED\tEXPIRES")
+			for _, t := range ts {
+				expires := "-"
+				if t.ExpiresAt != nil {
+					expires = t.ExpiresAt.Local().Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Kind, t.State, orDash(t.Label), ago(now, t.CreatedAt), expires)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
+	return cmd
+}
+
+func (a *app) tokenRevokeCmd() *cobra.Command {
+	var jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "revoke <token-id>",
+		Short: "Revoke a token: the next request made with it is refused",
+		Long: `Revoke a daemon or enrollment token by its id (from 'token list', or the id
+'token create --json' printed). The control plane checks the token on every
+request, so a daemon using it is refused from its next poll on and cannot say
+hello again with it; give it a new token to bring it back. Revoking a token
+that is already revoked is not an error. --json prints the token as 'token
+list --json' shows it.`,
+		Example: `  lakeshore token revoke 01J9Z6S4K4X3T8W6Q1M2N3P4R5`,
+		Args:    exactArgs(1, "one token id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.RevokeToken(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return writeJSON(a.env.Stdout, t)
+			}
+			label := ""
+			if t.Label != "" {
+				label = " (" + t.Label + ")"
+			}
+			_, err = fmt.Fprintf(a.env.Stdout, "revoked %s token %s%s\n", t.Kind, t.ID, label)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
+	return cmd
+}
+
+func (a *app) tokenCreateCmd() *cobra.Command {
+	var (
+		enroll  bool
+		ttl     string
+		label   string
+		jsonOut bool
+	)
+	cmd := &cobra.Command{
+		Use:   "create",
+		Short: "Mint a daemon bearer token (or a one-shot enrollment token)",
+		Long: `Mint a token for a daemon and print it on stdout, alone on one line, so it can
+be captured by a script. The secret is shown this once.
+
+By default the token is a daemon bearer token: put it in the file that nymph's
+[server] token_file names. --enroll mints a one-shot enrollment token instead
+(dle_...): a daemon with [identity] enabled presents it on its first hello
+together with its new public key, and signs every request from then on.
+--ttl bounds its life (30m, 12h, 7d). --json prints {token, id, kind,
+expiresAt}; the id is what 'lakeshore token revoke' takes.`,
+		Example: `  lakeshore token create > /etc/nymph/token
+  lakeshore token create --enroll --ttl 1h
+  lakeshore token create --label gpu-rig --json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req := operatorapi.TokenRequest{Kind: operatorapi.TokenDaemon, Label: label}
+			if enroll {
+				req.Kind = operatorapi.TokenEnroll
+			}
+			if ttl != "" {
+				secs, err := ParseTTL(ttl)
+				if err != nil {
+					return &usageError{err: err}
+				}
+				req.TTLS = secs
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			tr, err := c.CreateToken(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return writeJSON(a.env.Stdout, tr)
+			}
+			if _, err := fmt.Fprintln(a.env.Stdout, tr.Token); err != nil {
+				return err
+			}
+			if tr.ExpiresAt != nil {
+				fmt.Fprintf(a.env.Stderr, "%s token; expires %s\n", tr.Kind, tr.ExpiresAt.Local().Format(time.RFC3339))
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.BoolVar(&enroll, "enroll", false, "mint a one-shot enrollment token for a daemon with an identity key")
+	fs.StringVar(&ttl, "ttl", "", "lifetime of the token, e.g. 30m, 12h, 7d (default: the server's)")
+	fs.StringVar(&label, "label", "", "a note stored with the token")
+	fs.BoolVar(&jsonOut, "json", false, "print JSON")
+	return cmd
+}

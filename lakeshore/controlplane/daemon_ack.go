@@ -1,0 +1,168 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"nymph/lakeshore/store"
+	"nymph/messages"
+)
+
+var ackChecks = []check{
+	{path: "invocation_id", required: true, kind: kNonEmpty},
+	{path: "state", required: true, kind: kString},
+	{path: "result_blob", kind: kBytes},
+	{path: "error", kind: kMap},
+	{path: "error.type", kind: kString},
+	{path: "error.message", kind: kString},
+	{path: "error.traceback", kind: kString},
+	{path: "worker_id", kind: kString},
+}
+
+// handleAck stores the terminal outcome of a run. A repeat, or an ack for an
+// invocation already finished another way (cancelled, failed as lost), is a
+// no-op, so a daemon retrying a post it could not confirm does no harm; an
+// invocation this control plane never handed out is a 404.
+func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
+	body, err := readBody(w, r, limitAck)
+	if err != nil {
+		writeDaemonError(w, err)
+		return
+	}
+	var ack messages.Ack
+	raw, err := decodeMsgpackMap(body)
+	if err == nil {
+		err = runChecks(raw, ackChecks)
+	}
+	if err == nil {
+		err = decodeTyped(body, &ack)
+	}
+	if err == nil {
+		switch ack.State {
+		case messages.StateSucceeded, messages.StateFailed, messages.StateKilled:
+		default:
+			err = badField(http.StatusUnprocessableEntity, "state", "must be succeeded, failed or killed")
+		}
+	}
+	if err != nil {
+		s.log.Info().Err(err).Msg("ack refused as malformed")
+		writeDaemonError(w, err)
+		return
+	}
+	var errJSON json.RawMessage
+	if ack.Error != nil && ack.State != messages.StateSucceeded {
+		errJSON, _ = json.Marshal(ack.Error)
+	}
+	// The result is kept only for a success, as the protocol says it is
+	// empty otherwise.
+	var result []byte
+	if ack.State == messages.StateSucceeded {
+		result = nonNilBytes(ack.ResultBlob)
+	}
+	inv, applied, err := s.st.FinishInvocation(r.Context(), store.Finish{
+		ID: ack.InvocationID, State: ack.State, From: []string{store.InvocationRunning},
+		Result: result, Error: errJSON, Now: s.now(),
+	})
+	if isNotFound(err) {
+		s.log.Info().Str("invocation_id", ack.InvocationID).Str("worker_id", ack.WorkerID).Msg("ack for an unknown invocation")
+		writeDaemonError(w, badField(http.StatusNotFound, "invocation_id", "unknown invocation"))
+		return
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("invocation_id", ack.InvocationID).Msg("ack: store")
+		writeDaemonError(w, err)
+		return
+	}
+	if applied {
+		s.wake.broadcast(invocationKey(inv.ID))
+		// A finished run frees a slot: a parked poll of its worker may now
+		// claim more.
+		s.wake.broadcast(workerKey(inv.WorkerID))
+	}
+	s.log.Info().Str("invocation_id", ack.InvocationID).Str("worker_id", ack.WorkerID).Str("state", ack.State).
+		Str("stored_state", inv.State).Bool("duplicate", !applied).Msg("invocation acknowledged")
+	writeMsgpack(w, http.StatusOK, map[string]any{"ok": true, "duplicate": !applied})
+}
+
+var eventChecks = []check{
+	{path: "invocation_id", required: true, kind: kNonEmpty},
+	{path: "kind", required: true, kind: kNonEmpty},
+	{path: "ts", kind: kNumber},
+}
+
+// handleEvent stores a progress, log or other event of an invocation.
+func (s *Server) handleEvent(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
+	body, err := readBody(w, r, limitChunk)
+	if err != nil {
+		writeDaemonError(w, err)
+		return
+	}
+	var ev messages.Event
+	raw, err := decodeMsgpackMap(body)
+	if err == nil {
+		err = runChecks(raw, eventChecks)
+	}
+	if err == nil {
+		err = decodeTyped(body, &ev)
+	}
+	if err != nil {
+		s.log.Info().Err(err).Msg("event refused as malformed")
+		writeDaemonError(w, err)
+		return
+	}
+	now := s.now()
+	ts := now
+	if ev.TS != 0 {
+		ts = epochTime(ev.TS)
+	}
+	data := []byte(ev.Data)
+	if len(data) == 0 {
+		data = []byte{0xc0}
+	}
+	if err := s.st.SaveEvent(r.Context(), store.Event{
+		ID: newULID(), InvocationID: ev.InvocationID, Kind: ev.Kind, Data: data, TS: ts, ReceivedAt: now,
+	}); err != nil {
+		s.log.Error().Err(err).Str("invocation_id", ev.InvocationID).Msg("event: store")
+		writeDaemonError(w, err)
+		return
+	}
+	writeMsgpack(w, http.StatusOK, map[string]any{"ok": true})
+}
+
+var resultChunkChecks = []check{
+	{path: "invocation_id", required: true, kind: kNonEmpty},
+	{path: "seq", kind: kUint64},
+	{path: "data", kind: kBytes},
+	{path: "last", kind: kBool},
+}
+
+// handleResultChunk stores one piece of a streamed invocation result.
+func (s *Server) handleResultChunk(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
+	body, err := readBody(w, r, limitChunk)
+	if err != nil {
+		writeDaemonError(w, err)
+		return
+	}
+	var c messages.ResultChunk
+	raw, err := decodeMsgpackMap(body)
+	if err == nil {
+		err = runChecks(raw, resultChunkChecks)
+	}
+	if err == nil {
+		err = decodeTyped(body, &c)
+	}
+	if err != nil {
+		s.log.Info().Err(err).Msg("result chunk refused as malformed")
+		writeDaemonError(w, err)
+		return
+	}
+	applied, err := s.st.SaveResultChunk(r.Context(), store.ResultChunk{
+		InvocationID: c.InvocationID, Seq: c.Seq, Data: c.Data, Last: c.Last, ReceivedAt: s.now(),
+	})
+	if err != nil {
+		s.log.Error().Err(err).Str("invocation_id", c.InvocationID).Msg("result chunk: store")
+		writeDaemonError(w, err)
+		return
+	}
+	writeMsgpack(w, http.StatusOK, map[string]any{"ok": true, "duplicate": !applied})
+}

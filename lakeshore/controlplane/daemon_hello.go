@@ -1,0 +1,111 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"nymph/lakeshore/store"
+	"nymph/messages"
+)
+
+// sessionTTLS is what hello advertises; the session token is not persisted.
+const sessionTTLS = 86400
+
+var helloChecks = []check{
+	{path: "machine_id", required: true, kind: kNonEmpty},
+	{path: "label", required: true, kind: kString},
+	{path: "tags", required: true, kind: kStrings},
+	{path: "lanes", kind: kStrings},
+	{path: "capabilities", required: true, kind: kMap},
+	{path: "capabilities.runners", required: true, kind: kStrings},
+	{path: "capabilities.max_invocations", kind: kUint32},
+	{path: "capabilities.workdir", kind: kString},
+	{path: "versions", required: true, kind: kMap},
+	{path: "versions.daemon", required: true, kind: kString},
+	{path: "versions.protocol", required: true, kind: kString},
+	{path: "public_key", kind: kString},
+}
+
+func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
+	body, err := readBody(w, r, limitSmall)
+	if err != nil {
+		writeDaemonError(w, err)
+		return
+	}
+	raw, err := decodeMsgpackMap(body)
+	if err == nil {
+		err = runChecks(raw, helloChecks)
+	}
+	var req messages.HelloRequest
+	if err == nil {
+		err = decodeTyped(body, &req)
+	}
+	if err != nil {
+		s.log.Info().Err(err).Msg("hello refused as malformed")
+		writeDaemonError(w, err)
+		return
+	}
+	now := s.now()
+	epoch := messages.Epoch(now.Unix())
+	if *req.Versions.Protocol != messages.ProtocolVersion {
+		s.log.Warn().Str("machine_id", req.MachineID).Str("label", req.Label).Str("protocol", *req.Versions.Protocol).
+			Msg("hello rejected: protocol mismatch")
+		writeMsgpack(w, http.StatusOK, &messages.HelloResponse{
+			SessionTTLS: sessionTTLS,
+			Reject: &messages.Reject{Code: messages.RejectProtocolMismatch,
+				Message: "this control plane speaks protocol " + messages.ProtocolVersion + ", the daemon " + strconv.Quote(*req.Versions.Protocol)},
+			ServerTimeEpochS: &epoch,
+		})
+		return
+	}
+	versions, err := json.Marshal(jsonSafe(raw["versions"]))
+	if err != nil {
+		versions = []byte("{}")
+	}
+	wk, created, keyID, rej, err := s.storeHello(r.Context(), store.Hello{
+		NewID:     newWorkerID(now),
+		Namespace: p.namespace,
+		MachineID: req.MachineID,
+		Label:     req.Label,
+		Tags:      req.Tags,
+		Queues:    req.Lanes,
+		Capabilities: store.Capabilities{
+			Runners:        req.Capabilities.Runners,
+			MaxInvocations: req.Capabilities.MaxInvocations,
+			Workdir:        req.Capabilities.Workdir,
+		},
+		Versions: versions,
+		Now:      now,
+	})
+	if err != nil {
+		s.log.Error().Err(err).Str("machine_id", req.MachineID).Msg("hello: store")
+		writeDaemonError(w, err)
+		return
+	}
+	if rej != nil {
+		s.helloVerdict(w, r, req, &helloReject{*rej})
+		return
+	}
+	s.log.Info().Str("worker_id", wk.ID).Str("machine_id", wk.MachineID).Str("label", wk.Label).
+		Bool("created", created).Str("daemon_version", *req.Versions.Daemon).Msg("hello")
+	session := newULID()
+	cursor := strconv.FormatInt(wk.AckedSeq, 10)
+	writeMsgpack(w, http.StatusOK, &messages.HelloResponse{
+		WorkerID:           &wk.ID,
+		SessionToken:       &session,
+		SessionTTLS:        sessionTTLS,
+		Config:             map[string]any{},
+		Cursor:             &cursor,
+		ServerTimeEpochS:   &epoch,
+		KeyID:              keyID,
+		KeyRotationMaxAgeS: s.keyRotationMaxAgeS(),
+	})
+}
+
+// errUnknownWorker is the 404 of daemon routes naming a worker that is not
+// (or no longer) registered.
+var errUnknownWorker = badField(http.StatusNotFound, "worker_id", "unknown worker; say hello again")
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }

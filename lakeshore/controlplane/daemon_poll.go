@@ -1,0 +1,203 @@
+package controlplane
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"nymph/lakeshore/store"
+	"nymph/messages"
+)
+
+var pollChecks = []check{
+	{path: "worker_id", required: true, kind: kNonEmpty},
+	{path: "queue", kind: kString},
+	{path: "timeout_s", kind: kNumber},
+	{path: "cursor", kind: kStrOrUint},
+	{path: "invocations", kind: kMapsList},
+	{path: "updated_capabilities", kind: kMap},
+	{path: "updated_capabilities.runners", kind: kStrings},
+	{path: "updated_capabilities.max_invocations", kind: kUint32},
+	{path: "updated_capabilities.workdir", kind: kString},
+}
+
+var invocationChecks = []check{
+	{path: "invocation_id", kind: kString},
+	{path: "state", kind: kString},
+	{path: "started_at", kind: kNumber},
+	{path: "stdout_tail", kind: kString},
+}
+
+func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
+	req, cursor, err := s.decodePoll(w, r)
+	if err != nil {
+		s.log.Info().Err(err).Msg("poll refused as malformed")
+		writeDaemonError(w, err)
+		return
+	}
+	log := s.log.With().Str("worker_id", req.WorkerID).Logger()
+	now := s.now()
+	poll := store.Poll{WorkerID: req.WorkerID, Queue: req.Queue, Cursor: cursor, Now: now,
+		Running: make([]store.InvocationStatus, 0, len(req.Invocations))}
+	for _, inv := range req.Invocations {
+		poll.Running = append(poll.Running, store.InvocationStatus{
+			InvocationID: inv.InvocationID, State: inv.State, StartedAt: epochTime(inv.StartedAt),
+			ExitCode: inv.ExitCode, StdoutTail: inv.StdoutTail,
+		})
+	}
+	if c := req.UpdatedCapabilities; c != nil {
+		poll.UpdatedCapabilities = &store.Capabilities{Runners: c.Runners, MaxInvocations: c.MaxInvocations, Workdir: c.Workdir}
+		log.Info().Strs("runners", c.Runners).Msg("capabilities updated")
+	}
+	wk, err := s.st.RecordPoll(r.Context(), poll)
+	if isNotFound(err) {
+		writeDaemonError(w, errUnknownWorker)
+		return
+	}
+	if err != nil && r.Context().Err() != nil {
+		log.Debug().Err(err).Msg("poll abandoned by the daemon")
+		return
+	}
+	if err != nil {
+		log.Error().Err(err).Msg("poll: store")
+		writeDaemonError(w, err)
+		return
+	}
+	s.reportRunning(r.Context(), wk.ID, poll.Running, log)
+
+	// after is where delivery resumes. With a cursor it is the cursor, but
+	// never past what was delivered; without one, everything unacknowledged
+	// is due and is acknowledged by being sent.
+	legacy := cursor == nil
+	after := int64(0)
+	if !legacy {
+		after = min(*cursor, wk.DeliveredSeq)
+	}
+	wait := time.Duration(0)
+	if req.TimeoutS > 0 {
+		wait = min(time.Duration(req.TimeoutS*float64(time.Second)), s.pollCap)
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	var cmds []store.Command
+	for {
+		woken, release := s.wake.subscribe(workerKey(wk.ID))
+		s.dispatch(r.Context(), wk.ID, log)
+		cmds, err = s.st.Take(r.Context(), wk.ID, after, pollBatch, legacy, s.now())
+		if err != nil || len(cmds) > 0 {
+			release()
+			break
+		}
+		if s.parked != nil {
+			s.parked(workerKey(wk.ID))
+		}
+		select {
+		case <-woken:
+			release()
+			continue
+		case <-timer.C:
+		case <-s.closing:
+		case <-r.Context().Done():
+			release()
+			return
+		}
+		release()
+		break
+	}
+	if err != nil {
+		if isNotFound(err) {
+			writeDaemonError(w, errUnknownWorker)
+			return
+		}
+		if r.Context().Err() != nil {
+			// The daemon abandoned this poll (a wake signal): routine.
+			log.Debug().Err(err).Msg("poll abandoned by the daemon")
+			return
+		}
+		log.Error().Err(err).Msg("poll: take commands")
+		writeDaemonError(w, err)
+		return
+	}
+
+	next := max(after, wk.AckedSeq)
+	resp := &messages.PollResponse{Commands: make([]messages.Command, 0, len(cmds))}
+	for _, c := range cmds {
+		resp.Commands = append(resp.Commands, messages.Command{ID: c.ID, Kind: c.Kind, Body: c.Body})
+		next = max(next, c.Seq)
+		if c.Kind == messages.KindExec {
+			if e, ok := messages.DecodeCommand(messages.Command{Kind: c.Kind, Body: c.Body}).(*messages.Exec); ok {
+				s.wake.broadcast(execKey(e.ExecID))
+				log.Debug().Str("exec_id", e.ExecID).Str("command_id", c.ID).Msg("exec delivered")
+			}
+		}
+	}
+	cur := strconv.FormatInt(next, 10)
+	resp.Cursor = &cur
+	resp.TargetNymphVersion = s.targetVersionFor(r.Context(), wk.Namespace, log)
+	if len(cmds) > 0 {
+		log.Debug().Int("commands", len(cmds)).Str("cursor", cur).Bool("legacy", legacy).Msg("commands delivered")
+	}
+	writeMsgpack(w, http.StatusOK, resp)
+}
+
+func (s *Server) decodePoll(w http.ResponseWriter, r *http.Request) (messages.PollRequest, *int64, error) {
+	var req messages.PollRequest
+	body, err := readBody(w, r, limitSmall)
+	if err != nil {
+		return req, nil, err
+	}
+	raw, err := decodeMsgpackMap(body)
+	if err != nil {
+		return req, nil, err
+	}
+	if err := runChecks(raw, pollChecks); err != nil {
+		return req, nil, err
+	}
+	if invs, ok := raw["invocations"].([]any); ok {
+		for i, inv := range invs {
+			if err := runChecks(inv.(map[string]any), invocationChecks); err != nil {
+				fe := err.(*fieldError)
+				fe.field = "invocations[" + strconv.Itoa(i) + "]." + fe.field
+				return req, nil, fe
+			}
+		}
+	}
+	// The cursor is decoded here, not by the typed decoder, because a daemon
+	// may send it as a string (what this server hands out) or an integer.
+	var cursor *int64
+	switch c := raw["cursor"].(type) {
+	case nil:
+	case string:
+		n, err := strconv.ParseInt(c, 10, 64)
+		if err != nil || n < 0 {
+			return req, nil, badField(http.StatusUnprocessableEntity, "cursor", "must be a cursor this server handed out")
+		}
+		cursor = &n
+	default:
+		n, _ := asInt(c)
+		cursor = &n
+		delete(raw, "cursor")
+		if body, err = messages.Marshal(raw); err != nil {
+			return req, nil, badField(http.StatusUnprocessableEntity, "body", "%v", err)
+		}
+	}
+	if err := decodeTyped(body, &req); err != nil {
+		return req, nil, err
+	}
+	if math.IsNaN(req.TimeoutS) || req.TimeoutS < 0 {
+		return req, nil, badField(http.StatusUnprocessableEntity, "timeout_s", "must be a non-negative number")
+	}
+	return req, cursor, nil
+}
+
+// epochTime converts wire seconds, clamping what time.Time cannot hold in
+// milliseconds.
+func epochTime(e messages.Epoch) time.Time {
+	const maxSecs = math.MaxInt64 / 1000
+	v := int64(e)
+	if v > maxSecs || v < -maxSecs {
+		v = 0
+	}
+	return time.Unix(v, 0).UTC()
+}

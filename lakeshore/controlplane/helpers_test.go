@@ -1,0 +1,279 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"nymph/lakeshore/operatorapi"
+	"nymph/messages"
+)
+
+// clock is a settable clock for stale derivation and deadlines.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+const (
+	testAdmin  = "admin-secret"
+	testDaemon = "daemon-bootstrap"
+)
+
+type env struct {
+	t      testing.TB
+	dir    string
+	srv    *Server
+	hs     *httptest.Server
+	url    string
+	clock  *clock
+	parked chan string
+}
+
+type envOpt func(*Config)
+
+func newEnv(t testing.TB, opts ...envOpt) *env {
+	t.Helper()
+	return newEnvIn(t, t.TempDir(), opts...)
+}
+
+func newEnvIn(t testing.TB, dir string, opts ...envOpt) *env {
+	t.Helper()
+	e := &env{t: t, dir: dir, clock: &clock{t: time.Now().UTC().Truncate(time.Second)}, parked: make(chan string, 64)}
+	hs := httptest.NewUnstartedServer(nil)
+	cfg := Config{
+		DataDir:     dir,
+		PublicURL:   "http://" + hs.Listener.Addr().String(),
+		AdminToken:  testAdmin,
+		DaemonToken: testDaemon,
+		Logger:      zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
+		Now:         e.clock.Now,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	srv.parked = func(key string) {
+		select {
+		case e.parked <- key:
+		default:
+		}
+	}
+	hs.Config.Handler = srv.Handler()
+	hs.Start()
+	e.srv, e.hs, e.url = srv, hs, hs.URL
+	t.Cleanup(func() {
+		srv.stopWaiting()
+		hs.Close()
+		if err := srv.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return e
+}
+
+// waitParked blocks until a long-poll parks on key.
+func (e *env) waitParked(key string) {
+	e.t.Helper()
+	deadline := time.After(15 * time.Second)
+	for {
+		select {
+		case k := <-e.parked:
+			if k == key {
+				return
+			}
+		case <-deadline:
+			e.t.Fatalf("no long-poll parked on %s", key)
+		}
+	}
+}
+
+type resp struct {
+	status int
+	body   []byte
+	header http.Header
+}
+
+func (e *env) do(method, path, contentType, token string, body []byte) resp {
+	e.t.Helper()
+	return doCtx(e.t, context.Background(), method, e.url+path, contentType, token, body)
+}
+
+func doCtx(t testing.TB, ctx context.Context, method, url, contentType, token string, body []byte) resp {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return resp{status: r.StatusCode, body: b, header: r.Header}
+}
+
+// daemon posts a msgpack body with the bootstrap token.
+func (e *env) daemon(path string, body any) resp {
+	e.t.Helper()
+	return e.daemonAs(testDaemon, path, body)
+}
+
+func (e *env) daemonAs(token, path string, body any) resp {
+	e.t.Helper()
+	b, err := messages.Marshal(body)
+	if err != nil {
+		e.t.Fatalf("marshal: %v", err)
+	}
+	return e.do(http.MethodPost, path, messages.ContentType, token, b)
+}
+
+func decodeMP[T any](t testing.TB, r resp) T {
+	t.Helper()
+	var v T
+	if err := messages.Unmarshal(r.body, &v); err != nil {
+		t.Fatalf("decode msgpack (status %d): %v", r.status, err)
+	}
+	return v
+}
+
+func decodeJS[T any](t testing.TB, r resp) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(r.body, &v); err != nil {
+		t.Fatalf("decode JSON (status %d, %q): %v", r.status, r.body, err)
+	}
+	return v
+}
+
+// op calls an operator route with the admin token and a JSON body.
+func (e *env) op(method, path string, body any) resp {
+	e.t.Helper()
+	var b []byte
+	if body != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
+			e.t.Fatalf("marshal: %v", err)
+		}
+	}
+	return e.do(method, path, "application/json", testAdmin, b)
+}
+
+func str(s string) *string { return &s }
+
+func helloReq(machine, label string) *messages.HelloRequest {
+	return &messages.HelloRequest{
+		MachineID:    machine,
+		Label:        label,
+		Tags:         []string{"env=test"},
+		Capabilities: messages.Capabilities{Runners: []string{"process"}, MaxInvocations: 4, Workdir: "/tmp/w"},
+		Versions:     messages.Versions{Daemon: str("0.0.1"), Protocol: str("1"), Arch: str("x86_64")},
+	}
+}
+
+// hello registers a daemon and returns its worker id and hello cursor.
+func (e *env) hello(machine, label string, lanes ...string) (string, string) {
+	e.t.Helper()
+	h := helloReq(machine, label)
+	h.Lanes = lanes
+	r := e.daemon("/v1/daemon/hello", h)
+	if r.status != http.StatusOK {
+		e.t.Fatalf("hello: %d %q", r.status, r.body)
+	}
+	hr := decodeMP[messages.HelloResponse](e.t, r)
+	if hr.Reject != nil || hr.WorkerID == nil || hr.Cursor == nil {
+		e.t.Fatalf("hello: %+v", hr)
+	}
+	return *hr.WorkerID, *hr.Cursor
+}
+
+func (e *env) poll(worker string, cursor *string, timeout float64, queue string) messages.PollResponse {
+	e.t.Helper()
+	r := e.daemon("/v1/daemon/poll", &messages.PollRequest{WorkerID: worker, Queue: queue, TimeoutS: timeout, Cursor: cursor})
+	if r.status != http.StatusOK {
+		e.t.Fatalf("poll: %d %q", r.status, r.body)
+	}
+	return decodeMP[messages.PollResponse](e.t, r)
+}
+
+func (e *env) worker(id string) operatorapi.Worker {
+	e.t.Helper()
+	r := e.op(http.MethodGet, "/v1/namespaces/default/workers/"+id, nil)
+	if r.status != http.StatusOK {
+		e.t.Fatalf("get worker: %d %q", r.status, r.body)
+	}
+	return decodeJS[operatorapi.Worker](e.t, r)
+}
+
+func (e *env) exec(worker string, req operatorapi.ExecRequest) operatorapi.ExecAccepted {
+	e.t.Helper()
+	r := e.op(http.MethodPost, "/v1/namespaces/default/workers/"+worker+"/exec", req)
+	if r.status != http.StatusAccepted {
+		e.t.Fatalf("exec: %d %q", r.status, r.body)
+	}
+	return decodeJS[operatorapi.ExecAccepted](e.t, r)
+}
+
+func (e *env) getExec(id, query string) operatorapi.Exec {
+	e.t.Helper()
+	r := e.op(http.MethodGet, "/v1/namespaces/default/execs/"+id+query, nil)
+	if r.status != http.StatusOK {
+		e.t.Fatalf("get exec: %d %q", r.status, r.body)
+	}
+	return decodeJS[operatorapi.Exec](e.t, r)
+}
+
+// errField decodes an error body (msgpack or JSON) and returns its field.
+func errField(t testing.TB, r resp) string {
+	t.Helper()
+	if strings.Contains(r.header.Get("Content-Type"), "json") {
+		return decodeJS[operatorapi.Error](t, r).Field
+	}
+	return decodeMP[messages.ValidationError](t, r).Field
+}
+
+func commandsOf(p messages.PollResponse) []string {
+	out := []string{}
+	for _, c := range p.Commands {
+		out = append(out, c.Kind)
+	}
+	return out
+}

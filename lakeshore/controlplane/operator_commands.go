@@ -1,0 +1,142 @@
+package controlplane
+
+import (
+	"net/http"
+	"time"
+
+	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/store"
+	"nymph/messages"
+)
+
+// enqueue stores a command for wk and wakes its long-poll. body nil is sent
+// as nil (reset_backoff, rotate_key).
+func (s *Server) enqueue(r *http.Request, wk store.Worker, kind string, body any, exec *store.NewExec, hibernateUntil *time.Time) (store.Command, error) {
+	id := newULID()
+	cmd, err := messages.EncodeCommand(id, kind, body)
+	if err != nil {
+		return store.Command{}, badField(http.StatusBadRequest, "body", "cannot encode the %s command: %v", kind, err)
+	}
+	c, err := s.st.Enqueue(r.Context(), store.NewCommand{
+		ID: id, WorkerID: wk.ID, Kind: kind, Body: cmd.Body, Now: s.now(), HibernateUntil: hibernateUntil,
+	}, exec)
+	if isNotFound(err) {
+		return store.Command{}, errNoSuchWorker
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("worker_id", wk.ID).Str("kind", kind).Msg("enqueue")
+		return store.Command{}, err
+	}
+	s.wake.broadcast(workerKey(wk.ID))
+	ev := s.log.Info().Str("worker_id", wk.ID).Str("command_id", c.ID).Str("kind", kind).Int64("seq", c.Seq)
+	if exec != nil {
+		ev = ev.Str("exec_id", exec.ID)
+	}
+	ev.Msg("command queued")
+	return c, nil
+}
+
+// queueCommand is the shared shape of the setup/hibernate/reset/cancel
+// routes: resolve the worker, decode the JSON body, build the command.
+func (s *Server) queueCommand(w http.ResponseWriter, r *http.Request, kind string,
+	build func(body []byte, wk store.Worker) (any, *time.Time, error)) {
+	wk, err := s.resolveWorker(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	body, err := readBody(w, r, limitResult)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	cmdBody, until, err := build(body, wk)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	c, err := s.enqueue(r, wk, kind, cmdBody, nil, until)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, operatorapi.Queued{CommandID: c.ID, WorkerID: wk.ID, Kind: kind})
+}
+
+func (s *Server) handleSetup(w http.ResponseWriter, r *http.Request) {
+	s.queueCommand(w, r, messages.KindSetup, func(body []byte, _ store.Worker) (any, *time.Time, error) {
+		var req operatorapi.SetupRequest
+		if err := decodeJSON(body, &req); err != nil {
+			return nil, nil, err
+		}
+		if req.Script == "" {
+			return nil, nil, badField(http.StatusBadRequest, "script", "missing or empty")
+		}
+		setup := &messages.Setup{Script: req.Script, Sudo: req.Sudo, RefreshCapabilities: req.RefreshCapabilities}
+		if req.Name != "" {
+			setup.Name = &req.Name
+		}
+		return setup, nil, nil
+	})
+}
+
+// maxHibernate bounds a hibernate deadline to something a clock can hold.
+const maxHibernate = 10 * 365 * 24 * time.Hour
+
+func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request) {
+	s.queueCommand(w, r, messages.KindHibernate, func(body []byte, _ store.Worker) (any, *time.Time, error) {
+		var req operatorapi.HibernateRequest
+		if err := decodeJSON(body, &req); err != nil {
+			return nil, nil, err
+		}
+		now := s.now()
+		if req.UntilEpochS == 0 {
+			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "missing")
+		}
+		if req.UntilEpochS <= now.Unix() {
+			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "deadline %d is in the past (now %d)", req.UntilEpochS, now.Unix())
+		}
+		if req.UntilEpochS > now.Add(maxHibernate).Unix() {
+			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "deadline is more than ten years away")
+		}
+		until := time.Unix(req.UntilEpochS, 0).UTC()
+		return &messages.Hibernate{UntilEpochS: messages.Epoch(req.UntilEpochS)}, &until, nil
+	})
+}
+
+func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
+	s.queueCommand(w, r, messages.KindResetBackoff, func(body []byte, _ store.Worker) (any, *time.Time, error) {
+		var ignored map[string]any
+		return nil, nil, decodeJSON(body, &ignored)
+	})
+}
+
+func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
+	s.queueCommand(w, r, messages.KindCancel, func(body []byte, wk store.Worker) (any, *time.Time, error) {
+		var req operatorapi.CancelRequest
+		if err := decodeJSON(body, &req); err != nil {
+			return nil, nil, err
+		}
+		if req.ExecID == "" && req.InvocationID == "" {
+			return nil, nil, badField(http.StatusBadRequest, "execId", "one of execId or invocationId is required")
+		}
+		c := &messages.Cancel{}
+		if req.ExecID != "" {
+			if !validPathID(req.ExecID) {
+				return nil, nil, badField(http.StatusNotFound, "execId", "no such exec on this worker")
+			}
+			e, err := s.st.Exec(r.Context(), req.ExecID)
+			if isNotFound(err) || (err == nil && e.WorkerID != wk.ID) {
+				return nil, nil, badField(http.StatusNotFound, "execId", "no such exec on this worker")
+			}
+			if err != nil {
+				return nil, nil, err
+			}
+			c.ExecID = &req.ExecID
+		}
+		if req.InvocationID != "" {
+			c.InvocationID = &req.InvocationID
+		}
+		return c, nil, nil
+	})
+}

@@ -1,0 +1,351 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/store"
+	"nymph/messages"
+)
+
+// What a streamed exec's daemon is told: ship output at least this often,
+// or as soon as this much has piled up.
+const (
+	streamFlushMs    = 50
+	streamFlushBytes = 32 << 10
+)
+
+// buildExec validates an operator's exec request and makes the command body.
+func (s *Server) buildExec(r *http.Request, req operatorapi.ExecRequest, execID string) (*messages.Exec, error) {
+	if strings.TrimSpace(req.Command) == "" {
+		return nil, badField(http.StatusBadRequest, "command", "missing or empty")
+	}
+	if math.IsNaN(req.TimeoutS) || req.TimeoutS < 0 || req.TimeoutS > 365*24*3600 {
+		return nil, badField(http.StatusBadRequest, "timeoutS", "must be between 0 (none) and one year in seconds")
+	}
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return nil, badField(http.StatusBadRequest, "env", "variable %q: names must be non-empty without '=' or NUL, values without NUL", k)
+		}
+	}
+	e := &messages.Exec{ExecID: execID, Command: req.Command, Env: req.Env, Stdin: string(req.Stdin)}
+	if e.Env == nil {
+		e.Env = map[string]string{}
+	}
+	if req.Workdir != "" {
+		e.Workdir = &req.Workdir
+	}
+	if req.TimeoutS > 0 {
+		t := req.TimeoutS
+		e.TimeoutS = &t
+	}
+	if req.Stream {
+		e.Log = &messages.LogSink{
+			StdoutURL:  s.currentPublicURL(r.Host) + "/v1/daemon/exec/" + execID + "/chunk",
+			FlushMs:    streamFlushMs,
+			FlushBytes: streamFlushBytes,
+		}
+	}
+	return e, nil
+}
+
+func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Worker, req operatorapi.ExecRequest) {
+	wait, err := parseWait(r.URL.Query().Get("wait"), s.waitCap)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	id := newExecID()
+	body, err := s.buildExec(r, req, id)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	_, err = s.enqueue(r, wk, messages.KindExec, body, &store.NewExec{
+		ID: id, Namespace: wk.Namespace, Command: req.Command, Stream: req.Stream,
+	}, nil)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	acc := operatorapi.ExecAccepted{ExecID: id, WorkerID: wk.ID, Label: wk.Label}
+	if wait == 0 {
+		writeJSON(w, http.StatusAccepted, acc)
+		return
+	}
+	// The id goes out before the wait, so a client that loses the
+	// connection while waiting still knows which exec to follow. Only an
+	// end or output ends this wait: delivery to the daemon, which would
+	// wake a read, is no news to someone waiting for the command's output.
+	w.Header().Set("Content-Type", operatorapi.ContentTypeNDJSON)
+	w.WriteHeader(http.StatusAccepted)
+	enc := json.NewEncoder(w)
+	if err := enc.Encode(acc); err != nil {
+		return
+	}
+	if err := http.NewResponseController(w).Flush(); err != nil {
+		s.log.Warn().Err(err).Str("exec_id", id).Msg("cannot flush the accepted exec before waiting")
+	}
+	e, err := s.awaitExec(r, wk.Namespace, id, wait, 0, true)
+	if err != nil {
+		return // the client carries on with RouteGetExec
+	}
+	view, err := s.execView(r, e, 0)
+	if err != nil {
+		s.log.Error().Err(err).Str("exec_id", id).Msg("exec snapshot after submission")
+		return
+	}
+	_ = enc.Encode(view)
+}
+
+func (s *Server) readExecRequest(w http.ResponseWriter, r *http.Request) (operatorapi.ExecRequest, error) {
+	var req operatorapi.ExecRequest
+	body, err := readBody(w, r, limitResult)
+	if err != nil {
+		return req, err
+	}
+	return req, decodeJSON(body, &req)
+}
+
+func (s *Server) handleWorkerExec(w http.ResponseWriter, r *http.Request) {
+	wk, err := s.resolveWorker(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	req, err := s.readExecRequest(w, r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	s.submitExec(w, r, wk, req)
+}
+
+func (s *Server) handleQueueExec(w http.ResponseWriter, r *http.Request) {
+	ns, err := namespace(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	req, err := s.readExecRequest(w, r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	if req.Queue == "" {
+		writeOperatorError(w, badField(http.StatusBadRequest, "queue", "missing or empty"))
+		return
+	}
+	if _, err := s.buildExec(r, req, "check"); err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	all, err := s.st.ListWorkers(r.Context(), ns)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	open, err := s.st.OpenExecs(r.Context(), ns)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	wk, ok := s.pickWorker(all, open, req.Queue, s.now())
+	if !ok {
+		writeOperatorError(w, badField(http.StatusConflict, "queue",
+			"no eligible worker in queue %q: none of the %d workers in namespace %q is active, seen in the last %v, awake, and a member",
+			req.Queue, len(all), ns, s.staleAfter))
+		return
+	}
+	s.submitExec(w, r, wk, req)
+}
+
+// pickWorker routes to the least busy eligible worker: not gone, not stale,
+// active, not hibernating, and a member of queue (by its queues, or by the
+// queue it polls). Ties go to the most recently seen, then the smallest id.
+func (s *Server) pickWorker(all []store.Worker, open map[string]int, queue string, now time.Time) (store.Worker, bool) {
+	var cands []store.Worker
+	for _, w := range all {
+		if s.derivedState(w, now) != store.StateActive {
+			continue
+		}
+		if w.HibernatingUntil != nil && w.HibernatingUntil.After(now) {
+			continue
+		}
+		if inQueue(w, queue) {
+			cands = append(cands, w)
+		}
+	}
+	if len(cands) == 0 {
+		return store.Worker{}, false
+	}
+	load := func(w store.Worker) int { return open[w.ID] + len(w.Running) }
+	sort.SliceStable(cands, func(i, j int) bool {
+		a, b := cands[i], cands[j]
+		if la, lb := load(a), load(b); la != lb {
+			return la < lb
+		}
+		if !a.LastSeenAt.Equal(b.LastSeenAt) {
+			return a.LastSeenAt.After(b.LastSeenAt)
+		}
+		return a.ID < b.ID
+	})
+	return cands[0], true
+}
+
+// inQueue reports membership. A worker with no queues belongs to the
+// default one. A trailing '*' on either side is a prefix match, so a daemon
+// polling "gpu-*" takes "gpu-a100", and a request for "gpu-*" reaches a
+// member of "gpu-h100".
+func inQueue(w store.Worker, queue string) bool {
+	queues := w.Queues
+	if len(queues) == 0 {
+		queues = []string{operatorapi.DefaultNamespace}
+	}
+	for _, q := range queues {
+		if queueMatch(q, queue) || queueMatch(queue, q) {
+			return true
+		}
+	}
+	// An operator's removal outranks the queue the daemon polls.
+	return w.PollQueue != "" && !slices.Contains(w.QueuesRemoved, w.PollQueue) &&
+		(queueMatch(w.PollQueue, queue) || queueMatch(queue, w.PollQueue))
+}
+
+// queueMatch reports whether name matches pattern: equal, or pattern ends
+// in '*' and name starts with the rest.
+func queueMatch(pattern, name string) bool {
+	if p, ok := strings.CutSuffix(pattern, "*"); ok {
+		return strings.HasPrefix(name, p)
+	}
+	return pattern == name
+}
+
+func (s *Server) handleGetExec(w http.ResponseWriter, r *http.Request) {
+	ns, err := namespace(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	id := r.PathValue("exec_id")
+	q := r.URL.Query()
+	wait, err := parseWait(q.Get("wait"), s.waitCap)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	offset := int64(0)
+	if v := q.Get("offset"); v != "" {
+		offset, err = strconv.ParseInt(v, 10, 64)
+		if err != nil || offset < 0 {
+			writeOperatorError(w, badField(http.StatusBadRequest, "offset", "must be a non-negative integer"))
+			return
+		}
+	}
+	if !validPathID(id) {
+		writeOperatorError(w, badField(http.StatusNotFound, "exec_id", "no such exec"))
+		return
+	}
+	e, err := s.awaitExec(r, ns, id, wait, offset, false)
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeOperatorError(w, err)
+		}
+		return
+	}
+	view, err := s.execView(r, e, offset)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, view)
+}
+
+// awaitExec reads exec id of namespace ns once something is there for a
+// reader at offset: it has finished, or has output past offset, or wait
+// has passed (or the server is closing), or, unless onlyNews, anything
+// about it changed. An exec of another namespace is not found.
+func (s *Server) awaitExec(r *http.Request, ns, id string, wait time.Duration, offset int64, onlyNews bool) (store.Exec, error) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	waited, timedOut := false, false
+	for {
+		woken, release := s.wake.subscribe(execKey(id))
+		e, err := s.st.Exec(r.Context(), id)
+		if err == nil && e.Namespace != ns {
+			err = fmt.Errorf("exec in another namespace: %w", store.ErrNotFound)
+		}
+		if isNotFound(err) {
+			release()
+			return store.Exec{}, badField(http.StatusNotFound, "exec_id", "no such exec")
+		}
+		if err != nil {
+			release()
+			return store.Exec{}, err
+		}
+		if (waited && !onlyNews) || timedOut || wait == 0 || e.State == store.ExecFinished || e.OutputLen > offset {
+			release()
+			return e, nil
+		}
+		if s.parked != nil {
+			s.parked(execKey(id))
+		}
+		select {
+		case <-woken:
+		case <-timer.C:
+			timedOut = true
+		case <-s.closing:
+			timedOut = true
+		case <-r.Context().Done():
+			release()
+			return store.Exec{}, r.Context().Err()
+		}
+		release()
+		waited = true
+	}
+}
+
+// execView is what an operator sees of e, with output from offset.
+func (s *Server) execView(r *http.Request, e store.Exec, offset int64) (operatorapi.Exec, error) {
+	out := operatorapi.Exec{
+		ExecID: e.ID, WorkerID: e.WorkerID, Command: e.Command, State: e.State, CreatedAt: e.CreatedAt,
+		Offset: offset, NextOffset: offset,
+	}
+	if offset < e.OutputLen {
+		data, err := s.st.Output(r.Context(), e.ID, offset, outputPage)
+		if err != nil {
+			return out, err
+		}
+		out.Output = data
+		out.NextOffset = offset + int64(len(data))
+	}
+	if e.State == store.ExecFinished && len(e.Result) > 0 {
+		var res messages.ExecResult
+		if err := messages.Unmarshal(e.Result, &res); err != nil {
+			s.log.Error().Err(err).Str("exec_id", e.ID).Msg("stored exec result does not decode")
+		} else {
+			out.Result = &res
+		}
+	}
+	return out, nil
+}
+
+// parseWait reads the wait query parameter: seconds, at most max.
+func parseWait(v string, max time.Duration) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+		return 0, badField(http.StatusBadRequest, "wait", "must be a non-negative number of seconds")
+	}
+	return min(time.Duration(math.Min(f, 1e6)*float64(time.Second)), max), nil
+}

@@ -1,0 +1,234 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"time"
+
+	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/store"
+	"nymph/messages"
+)
+
+// namespace reads and checks {ns}.
+func namespace(r *http.Request) (string, error) {
+	ns := r.PathValue("ns")
+	if !validNamespace(ns) {
+		return "", badField(http.StatusBadRequest, "ns", "must be 1-63 letters, digits, '.', '_' or '-'")
+	}
+	return ns, nil
+}
+
+var errNoSuchWorker = badField(http.StatusNotFound, "id", "no such worker")
+
+// resolveWorker finds {id} in the namespace: a worker id, else a label that
+// names exactly one worker.
+func (s *Server) resolveWorker(r *http.Request) (store.Worker, error) {
+	ns, err := namespace(r)
+	if err != nil {
+		return store.Worker{}, err
+	}
+	id := r.PathValue("id")
+	if id == "" || len(id) > 256 {
+		return store.Worker{}, errNoSuchWorker
+	}
+	w, err := s.st.Worker(r.Context(), ns, id)
+	if err == nil {
+		return w, nil
+	}
+	if !isNotFound(err) {
+		return store.Worker{}, err
+	}
+	all, err := s.st.ListWorkers(r.Context(), ns)
+	if err != nil {
+		return store.Worker{}, err
+	}
+	var found []store.Worker
+	for _, w := range all {
+		if w.Label == id {
+			found = append(found, w)
+		}
+	}
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		return store.Worker{}, errNoSuchWorker
+	default:
+		return store.Worker{}, badField(http.StatusConflict, "id", "label %q names %d workers; use an id", id, len(found))
+	}
+}
+
+// derivedState is the stored state, or stale when the worker has not been
+// seen for the stale window (operatorapi.StaleAfter unless configured).
+func (s *Server) derivedState(w store.Worker, now time.Time) string {
+	if w.State != store.StateGone && now.Sub(w.LastSeenAt) > s.staleAfter {
+		return operatorapi.StateStale
+	}
+	return w.State
+}
+
+func (s *Server) workerView(w store.Worker, now time.Time) operatorapi.Worker {
+	v := operatorapi.Worker{
+		ID:          w.ID,
+		Namespace:   w.Namespace,
+		MachineID:   w.MachineID,
+		Label:       w.Label,
+		State:       s.derivedState(w, now),
+		StoredState: w.State,
+		Tags:        w.Tags,
+		Queues:      w.Queues,
+		Runners:     w.Capabilities.Runners,
+		Capabilities: messages.Capabilities{
+			Runners: w.Capabilities.Runners, MaxInvocations: w.Capabilities.MaxInvocations, Workdir: w.Capabilities.Workdir,
+		},
+		Versions:     json.RawMessage(w.Versions),
+		PollQueue:    w.PollQueue,
+		CreatedAt:    w.CreatedAt,
+		LastSeenAt:   w.LastSeenAt,
+		Hibernating:  w.HibernatingUntil,
+		SetupPending: w.SetupPending,
+		Running:      make([]operatorapi.InvocationStatus, 0, len(w.Running)),
+		Keys:         []operatorapi.KeyInfo{},
+	}
+	if !json.Valid(v.Versions) {
+		v.Versions = json.RawMessage("{}")
+	}
+	for _, inv := range w.Running {
+		v.Running = append(v.Running, operatorapi.InvocationStatus{
+			InvocationID: inv.InvocationID, State: inv.State, StartedAt: inv.StartedAt, StdoutTail: inv.StdoutTail,
+		})
+	}
+	return v
+}
+
+func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
+	ns, err := namespace(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	all, err := s.st.ListWorkers(r.Context(), ns)
+	if err != nil {
+		s.log.Error().Err(err).Msg("list workers")
+		writeOperatorError(w, err)
+		return
+	}
+	now := s.now()
+	out := operatorapi.WorkerList{Workers: make([]operatorapi.Worker, 0, len(all))}
+	for _, wk := range all {
+		out.Workers = append(out.Workers, s.workerView(wk, now))
+	}
+	s.withKeys(r.Context(), ns, out.Workers)
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {
+	wk, err := s.resolveWorker(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	v := []operatorapi.Worker{s.workerView(wk, s.now())}
+	s.withKeys(r.Context(), wk.Namespace, v)
+	writeJSON(w, http.StatusOK, v[0])
+}
+
+// handleKillWorker removes the row. No cloud provider is configured, so
+// nothing is terminated; a daemon still running gets 404 on its next poll.
+func (s *Server) handleKillWorker(w http.ResponseWriter, r *http.Request) {
+	wk, err := s.resolveWorker(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	err = s.st.DeleteWorker(r.Context(), wk.Namespace, wk.ID)
+	if isNotFound(err) {
+		writeOperatorError(w, errNoSuchWorker)
+		return
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("worker_id", wk.ID).Msg("kill worker")
+		writeOperatorError(w, err)
+		return
+	}
+	s.wake.broadcast(workerKey(wk.ID))
+	s.log.Info().Str("worker_id", wk.ID).Str("label", wk.Label).Msg("worker killed")
+	writeJSON(w, http.StatusOK, operatorapi.KillResponse{Deleted: wk.ID, Terminated: false})
+}
+
+func (s *Server) handleCleanup(w http.ResponseWriter, r *http.Request) {
+	ns, err := namespace(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	var req operatorapi.CleanupRequest
+	if err := readJSON(w, r, &req); err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	h := req.OlderThanHours
+	if math.IsNaN(h) || h <= 0 || h > operatorapi.MaxCleanupHours {
+		writeOperatorError(w, badField(http.StatusBadRequest, "olderThanHours",
+			"must be more than 0 and at most %d hours, got %v", operatorapi.MaxCleanupHours, h))
+		return
+	}
+	now := s.now()
+	cutoff := now.Add(-time.Duration(h * float64(time.Hour)))
+	all, err := s.st.ListWorkers(r.Context(), ns)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	byID := map[string]store.Worker{}
+	var ids []string
+	for _, wk := range all {
+		byID[wk.ID] = wk
+		if wk.LastSeenAt.Before(cutoff) {
+			ids = append(ids, wk.ID)
+		}
+	}
+	if !req.DryRun {
+		ids, err = s.st.DeleteWorkersSeenBefore(r.Context(), ns, cutoff)
+		if err != nil {
+			s.log.Error().Err(err).Msg("cleanup")
+			writeOperatorError(w, err)
+			return
+		}
+	}
+	out := operatorapi.CleanupResponse{DryRun: req.DryRun, Deleted: []operatorapi.Worker{}}
+	for _, id := range ids {
+		wk, ok := byID[id]
+		if !ok {
+			wk = store.Worker{ID: id, Namespace: ns, State: store.StateGone, Tags: []string{}, Queues: []string{},
+				Capabilities: store.Capabilities{Runners: []string{}}}
+		}
+		out.Deleted = append(out.Deleted, s.workerView(wk, now))
+		if !req.DryRun {
+			s.wake.broadcast(workerKey(id))
+		}
+	}
+	out.Count = len(out.Deleted)
+	s.log.Info().Float64("older_than_hours", h).Bool("dry_run", req.DryRun).Int("count", out.Count).Msg("cleanup")
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleListCommands(w http.ResponseWriter, r *http.Request) {
+	wk, err := s.resolveWorker(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	cmds, err := s.st.ListCommands(r.Context(), wk.ID)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	out := make([]operatorapi.CommandInfo, 0, len(cmds))
+	for _, c := range cmds {
+		out = append(out, operatorapi.CommandInfo{ID: c.ID, Kind: c.Kind, State: c.State(), CreatedAt: c.CreatedAt})
+	}
+	writeJSON(w, http.StatusOK, out)
+}

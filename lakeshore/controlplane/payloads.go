@@ -1,0 +1,444 @@
+package controlplane
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"nymph/lakeshore/operatorapi"
+	"nymph/messages"
+)
+
+// The payload store keeps blobs (large invocation args, for now) as files
+// under DataDir/payloads/<namespace>/<key>, each beside a small JSON
+// sidecar with its size and sha256. Readers and writers never get a path:
+// presign hands out a capability URL whose token names the namespace, key,
+// operation and expiry and is signed with a key derived from the admin
+// token, so it survives restarts and cannot be forged or stretched.
+
+// payloadKeyRe is what a key may look like: one safe path segment.
+var payloadKeyRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$`) })
+
+const (
+	payloadsDir   = "payloads"
+	metaSuffix    = ".meta.json"
+	payloadPrefix = "/v1/payloads/"
+	// limitPresign bounds the presign body; it carries a few short fields.
+	limitPresign = 64 << 10
+)
+
+var errNoPayloadStore = badField(http.StatusServiceUnavailable, "payloads", "this control plane has no data directory, so no payload store")
+
+// payloadStore is the on-disk blob store.
+type payloadStore struct {
+	dir    string // DataDir/payloads; empty: no store
+	urlKey []byte
+}
+
+func newPayloadStore(dataDir, adminToken string) payloadStore {
+	mac := hmac.New(sha256.New, []byte(adminToken))
+	mac.Write([]byte("lakeshore payload capability URLs v1"))
+	p := payloadStore{urlKey: mac.Sum(nil)}
+	if dataDir != "" {
+		p.dir = filepath.Join(dataDir, payloadsDir)
+	}
+	return p
+}
+
+// payloadMeta is the sidecar of one blob.
+type payloadMeta struct {
+	Size        int64     `json:"size"`
+	SHA256      string    `json:"sha256"`
+	ContentType string    `json:"content_type"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+func (p payloadStore) path(ns, key string) string { return filepath.Join(p.dir, ns, key) }
+
+// meta reads a blob's sidecar; a blob that does not exist is ErrNotExist.
+func (p payloadStore) meta(ns, key string) (payloadMeta, error) {
+	if p.dir == "" {
+		return payloadMeta{}, errNoPayloadStore
+	}
+	if _, err := os.Stat(p.path(ns, key)); err != nil {
+		return payloadMeta{}, err
+	}
+	b, err := os.ReadFile(p.path(ns, key) + metaSuffix)
+	if err != nil {
+		return payloadMeta{}, fmt.Errorf("payload %s/%s: sidecar: %w", ns, key, err)
+	}
+	var m payloadMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return payloadMeta{}, fmt.Errorf("payload %s/%s: sidecar: %w", ns, key, err)
+	}
+	return m, nil
+}
+
+// put streams r (at most messages.MaxPayload bytes, exactly want when want
+// >= 0) into the blob ns/key, hashing as it goes. A blob already there with
+// the same bytes makes this a no-op; with other bytes it is a conflict.
+func (p payloadStore) put(ns, key string, r io.Reader, want int64, contentType string, now time.Time) (payloadMeta, error) {
+	if p.dir == "" {
+		return payloadMeta{}, errNoPayloadStore
+	}
+	dir := filepath.Join(p.dir, ns)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return payloadMeta{}, fmt.Errorf("payload dir: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".put-*")
+	if err != nil {
+		return payloadMeta{}, fmt.Errorf("payload temp file: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(tmp, h), io.LimitReader(r, messages.MaxPayload+1))
+	if err != nil {
+		tmp.Close()
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return payloadMeta{}, badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
+		}
+		return payloadMeta{}, badField(http.StatusBadRequest, "body", "could not be read: %v", err)
+	}
+	if n > messages.MaxPayload {
+		tmp.Close()
+		return payloadMeta{}, badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
+	}
+	if want >= 0 && n != want {
+		tmp.Close()
+		return payloadMeta{}, badField(http.StatusBadRequest, "size", "presigned for %d bytes, got %d", want, n)
+	}
+	if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
+		return payloadMeta{}, fmt.Errorf("payload write: %w", err)
+	}
+	if contentType == "" {
+		contentType = "application/octet-stream"
+	}
+	m := payloadMeta{Size: n, SHA256: hex.EncodeToString(h.Sum(nil)), ContentType: contentType, CreatedAt: now.UTC()}
+	if old, err := p.meta(ns, key); err == nil {
+		if old.SHA256 == m.SHA256 {
+			return old, nil
+		}
+		return payloadMeta{}, badField(http.StatusConflict, "key", "payload %q already exists with other content", key)
+	}
+	mb, _ := json.Marshal(m)
+	if err := writeFileAtomic(p.path(ns, key)+metaSuffix, mb); err != nil {
+		return payloadMeta{}, err
+	}
+	// The blob goes last: its presence means its sidecar is complete.
+	if err := os.Rename(tmp.Name(), p.path(ns, key)); err != nil {
+		return payloadMeta{}, fmt.Errorf("payload rename: %w", err)
+	}
+	return m, nil
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".meta-*")
+	if err != nil {
+		return fmt.Errorf("payload sidecar: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("payload sidecar: %w", err)
+	}
+	if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
+		return fmt.Errorf("payload sidecar: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("payload sidecar: %w", err)
+	}
+	return nil
+}
+
+// capability is what a presigned URL grants.
+type capability struct {
+	Op  string `json:"o"`
+	NS  string `json:"n"`
+	Key string `json:"k"`
+	// Size is the exact size a put must have; -1 means any.
+	Size int64 `json:"s"`
+	Exp  int64 `json:"e"`
+}
+
+func (p payloadStore) sign(c capability) string {
+	body, _ := json.Marshal(c)
+	enc := base64.RawURLEncoding.EncodeToString(body)
+	mac := hmac.New(sha256.New, p.urlKey)
+	mac.Write([]byte(enc))
+	return enc + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// verify checks a token's signature, expiry and operation.
+func (p payloadStore) verify(token, op string, now time.Time) (capability, error) {
+	forbidden := badField(http.StatusForbidden, "token", "not a valid payload URL (unknown, tampered with, or for another operation)")
+	enc, sig, ok := strings.Cut(token, ".")
+	if !ok || len(token) > 2048 {
+		return capability{}, forbidden
+	}
+	got, err := base64.RawURLEncoding.DecodeString(sig)
+	if err != nil {
+		return capability{}, forbidden
+	}
+	mac := hmac.New(sha256.New, p.urlKey)
+	mac.Write([]byte(enc))
+	if !hmac.Equal(got, mac.Sum(nil)) {
+		return capability{}, forbidden
+	}
+	body, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil {
+		return capability{}, forbidden
+	}
+	var c capability
+	if json.Unmarshal(body, &c) != nil || c.Op != op || !validNamespace(c.NS) || !payloadKeyRe().MatchString(c.Key) {
+		return capability{}, forbidden
+	}
+	if now.Unix() > c.Exp {
+		return capability{}, badField(http.StatusForbidden, "token", "payload URL expired at %s; presign again",
+			time.Unix(c.Exp, 0).UTC().Format(time.RFC3339))
+	}
+	return c, nil
+}
+
+// storeArgs keeps large invocation args in the payload store and returns
+// the ref a daemon resolves them by.
+func (s *Server) storeArgs(ns, key string, data []byte) (*messages.PayloadRef, error) {
+	m, err := s.payloads.put(ns, key, bytes.NewReader(data), int64(len(data)), "application/octet-stream", s.now())
+	if err != nil {
+		return nil, err
+	}
+	sum := m.SHA256
+	return &messages.PayloadRef{Bucket: operatorapi.PayloadBucket, Key: key, Size: uint64(m.Size), ContentType: m.ContentType, SHA256: &sum}, nil
+}
+
+// handlePresign serves RoutePresign: JSON with the admin token, anything
+// else as msgpack from a daemon, signed or with its bearer (as on poll).
+func (s *Server) handlePresign(w http.ResponseWriter, r *http.Request) {
+	if isJSONContentType(r.Header.Get("Content-Type")) {
+		s.adminAuth(func(w http.ResponseWriter, r *http.Request) {
+			ns, err := namespace(r)
+			if err == nil {
+				var req messages.PresignRequest
+				var body []byte
+				if body, err = readBody(w, r, limitPresign); err == nil {
+					if err = decodeJSON(body, &req); err == nil {
+						var resp *messages.PresignResponse
+						if resp, err = s.presign(r, ns, req); err == nil {
+							writeJSON(w, http.StatusOK, resp)
+							return
+						}
+					}
+				}
+			}
+			writeOperatorError(w, err)
+		})(w, r)
+		return
+	}
+	s.signedAuth(limitPresign, func(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
+		resp, err := s.presignMsgpack(w, r, p)
+		if err != nil {
+			s.log.Info().Err(err).Msg("presign refused")
+			writeDaemonError(w, err)
+			return
+		}
+		writeMsgpack(w, http.StatusOK, resp)
+	})(w, r)
+}
+
+func isJSONContentType(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.Contains(strings.ToLower(strings.TrimSpace(mt)), "json")
+}
+
+var presignChecks = []check{
+	{path: "op", required: true, kind: kString},
+	{path: "key", kind: kString},
+	{path: "size", kind: kUint64},
+	{path: "jobId", kind: kString},
+	{path: "kind", kind: kString},
+}
+
+func (s *Server) presignMsgpack(w http.ResponseWriter, r *http.Request, p daemonPrincipal) (*messages.PresignResponse, error) {
+	ns, err := namespace(r)
+	if err != nil {
+		return nil, err
+	}
+	if ns != p.namespace {
+		return nil, badField(http.StatusForbidden, "ns", "this daemon's credentials belong to namespace %q, not %q", p.namespace, ns)
+	}
+	body, err := readBody(w, r, limitPresign)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := decodeMsgpackMap(body)
+	if err != nil {
+		return nil, err
+	}
+	if err := runChecks(raw, presignChecks); err != nil {
+		return nil, err
+	}
+	var req messages.PresignRequest
+	if err := decodeTyped(body, &req); err != nil {
+		return nil, err
+	}
+	return s.presign(r, ns, req)
+}
+
+// presign answers one presign request in namespace ns.
+func (s *Server) presign(r *http.Request, ns string, req messages.PresignRequest) (*messages.PresignResponse, error) {
+	if s.payloads.dir == "" {
+		return nil, errNoPayloadStore
+	}
+	now := s.now()
+	c := capability{NS: ns, Size: -1, Exp: now.Add(operatorapi.PayloadTTL).Unix()}
+	key := ""
+	if req.Key != nil {
+		key = *req.Key
+	}
+	if key != "" && !payloadKeyRe().MatchString(key) {
+		return nil, badField(http.StatusBadRequest, "key", "must be 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit")
+	}
+	switch req.Op {
+	case messages.PresignGet:
+		if key == "" {
+			return nil, badField(http.StatusBadRequest, "key", "required for op get")
+		}
+		if _, err := s.payloads.meta(ns, key); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil, badField(http.StatusNotFound, "key", "no payload %q in namespace %q", key, ns)
+			}
+			return nil, err
+		}
+	case messages.PresignPut:
+		if req.Size != nil {
+			if *req.Size > messages.MaxPayload {
+				return nil, badField(http.StatusRequestEntityTooLarge, "size", "%d bytes is over the %d byte payload limit", *req.Size, messages.MaxPayload)
+			}
+			c.Size = int64(*req.Size)
+		}
+		if key == "" {
+			key = newPayloadKey(req.Kind, req.JobID)
+		}
+	default:
+		return nil, badField(http.StatusBadRequest, "op", "must be %q or %q", messages.PresignGet, messages.PresignPut)
+	}
+	c.Op, c.Key = req.Op, key
+	return &messages.PresignResponse{
+		URL:        s.currentPublicURL(r.Host) + payloadPrefix + s.payloads.sign(c),
+		Key:        key,
+		ExpiresAtS: messages.Epoch(c.Exp),
+	}, nil
+}
+
+var keyPartRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`[^A-Za-z0-9._-]+`) })
+
+// newPayloadKey names a new blob after its kind and job when they are
+// given, so a directory listing is readable, and makes it unique.
+func newPayloadKey(kind, job *string) string {
+	parts := []string{}
+	for _, p := range []*string{kind, job} {
+		if p == nil {
+			continue
+		}
+		if v := strings.Trim(keyPartRe().ReplaceAllString(*p, "_"), "._-"); v != "" {
+			parts = append(parts, v[:min(len(v), 60)])
+		}
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "blob")
+	}
+	return strings.Join(append(parts, strings.ToLower(newULID())), "-")
+}
+
+func (s *Server) handlePayloadGet(w http.ResponseWriter, r *http.Request) {
+	c, err := s.payloads.verify(r.PathValue("token"), messages.PresignGet, s.now())
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	m, err := s.payloads.meta(c.NS, c.Key)
+	if errors.Is(err, os.ErrNotExist) {
+		writeOperatorError(w, badField(http.StatusNotFound, "key", "payload %q is gone", c.Key))
+		return
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("key", c.Key).Msg("payload read")
+		writeOperatorError(w, err)
+		return
+	}
+	f, err := os.Open(s.payloads.path(c.NS, c.Key))
+	if err != nil {
+		s.log.Error().Err(err).Str("key", c.Key).Msg("payload open")
+		writeOperatorError(w, err)
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", m.ContentType)
+	w.Header().Set("Content-Length", strconv.FormatInt(m.Size, 10))
+	w.Header().Set("X-Checksum-Sha256", m.SHA256)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		_, _ = io.Copy(w, f)
+	}
+}
+
+func (s *Server) handlePayloadPut(w http.ResponseWriter, r *http.Request) {
+	msgpackOut := strings.Contains(r.Header.Get("Accept"), "msgpack")
+	fail := func(err error) {
+		if msgpackOut {
+			writeDaemonError(w, err)
+			return
+		}
+		writeOperatorError(w, err)
+	}
+	c, err := s.payloads.verify(r.PathValue("token"), messages.PresignPut, s.now())
+	if err != nil {
+		fail(err)
+		return
+	}
+	if r.ContentLength > messages.MaxPayload {
+		fail(badField(http.StatusRequestEntityTooLarge, "body", "%d bytes is over the %d byte payload limit", r.ContentLength, messages.MaxPayload))
+		return
+	}
+	if c.Size >= 0 && r.ContentLength >= 0 && r.ContentLength != c.Size {
+		fail(badField(http.StatusBadRequest, "size", "presigned for %d bytes, Content-Length says %d", c.Size, r.ContentLength))
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, messages.MaxPayload)
+	ct := r.Header.Get("Content-Type")
+	if len(ct) > 200 {
+		ct = ""
+	}
+	m, err := s.payloads.put(c.NS, c.Key, r.Body, c.Size, ct, s.now())
+	if err != nil {
+		var fe *fieldError
+		if !errors.As(err, &fe) {
+			s.log.Error().Err(err).Str("key", c.Key).Msg("payload write")
+		}
+		fail(err)
+		return
+	}
+	s.log.Info().Str("namespace", c.NS).Str("key", c.Key).Int64("size", m.Size).Str("sha256", m.SHA256).Msg("payload stored")
+	sum := m.SHA256
+	ref := &operatorapi.PayloadStored{Bucket: operatorapi.PayloadBucket, Key: c.Key, Size: uint64(m.Size), ContentType: m.ContentType, SHA256: &sum}
+	if msgpackOut {
+		writeMsgpack(w, http.StatusOK, ref)
+		return
+	}
+	writeJSON(w, http.StatusOK, ref)
+}

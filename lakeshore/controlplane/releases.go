@@ -1,0 +1,223 @@
+package controlplane
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"nymph/dist"
+	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/releases"
+)
+
+// releaseState is the control plane's half of over-the-air updates: the
+// release store it serves binaries from and the limits of publishing.
+type releaseState struct {
+	store *releases.Store // nil without a data directory
+	// maxSize caps one published binary; tests lower it.
+	maxSize int64
+	// client fetches .sha256 sidecars of URLs outside this control plane.
+	client *http.Client
+}
+
+// sidecarTimeout bounds fetching a checksum for `daemon update --url`.
+const sidecarTimeout = 15 * time.Second
+
+// openReleases opens DataDir/releases. Without a data directory there is
+// nowhere to keep binaries, and the release routes say so.
+func (s *Server) openReleases(dataDir string) error {
+	s.rel = releaseState{maxSize: releases.MaxBinarySize, client: &http.Client{Timeout: sidecarTimeout}}
+	if dataDir == "" {
+		return nil
+	}
+	st, err := releases.Open(filepath.Join(dataDir, "releases"))
+	if err != nil {
+		return fmt.Errorf("controlplane: %w", err)
+	}
+	s.rel.store = st
+	return nil
+}
+
+// releaseRoutes registers the public downloads and the operator routes of
+// releases, target versions, updates and queues.
+func (s *Server) releaseRoutes(mux *http.ServeMux) {
+	mux.HandleFunc(operatorapi.RouteDownloadRelease, s.handleDownloadRelease)
+	mux.HandleFunc(operatorapi.RoutePublishRelease, s.adminAuth(s.handlePublishRelease))
+	mux.HandleFunc(operatorapi.RouteListReleases, s.adminAuth(s.handleListReleases))
+	mux.HandleFunc(operatorapi.RouteDeleteRelease, s.adminAuth(s.handleDeleteRelease))
+	mux.HandleFunc(operatorapi.RouteGetTargetVersion, s.adminAuth(s.handleGetTargetVersion))
+	mux.HandleFunc(operatorapi.RouteSetTargetVersion, s.adminAuth(s.handleSetTargetVersion))
+	mux.HandleFunc(operatorapi.RouteClearTargetVersion, s.adminAuth(s.handleClearTargetVersion))
+	mux.HandleFunc(operatorapi.RouteUpdateWorker, s.adminAuth(s.handleUpdateWorker))
+	mux.HandleFunc(operatorapi.RouteCreateQueue, s.adminAuth(s.handleCreateQueue))
+	mux.HandleFunc(operatorapi.RouteListQueues, s.adminAuth(s.handleListQueues))
+	mux.HandleFunc(operatorapi.RouteEditWorkerQueues, s.adminAuth(s.handleEditWorkerQueues))
+}
+
+var errNoReleaseStore = badField(http.StatusConflict, "", "this control plane has no data directory, so it keeps no releases")
+
+// handleDownloadRelease serves binaries and sidecars without authentication:
+// they are not secret, and the daemon checks the download against the
+// sha256 of its authenticated command.
+func (s *Server) handleDownloadRelease(w http.ResponseWriter, r *http.Request) {
+	if s.rel.store == nil {
+		http.NotFound(w, r)
+		return
+	}
+	s.rel.store.Handler(dist.DefaultPrefix).ServeHTTP(w, r)
+}
+
+// releaseFieldError turns a releases validation error into a 400 naming
+// field, without the package prefix.
+func releaseFieldError(field string, err error) error {
+	msg := strings.TrimPrefix(err.Error(), "releases: field "+field+": ")
+	return badField(http.StatusBadRequest, field, "%s", msg)
+}
+
+// countingReader remembers how much of the upload was read and why reading
+// stopped, so a failed publish can be blamed on the right party.
+type countingReader struct {
+	r   io.Reader
+	n   int64
+	err error
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	if err != nil && !errors.Is(err, io.EOF) {
+		c.err = err
+	}
+	return n, err
+}
+
+func (s *Server) handlePublishRelease(w http.ResponseWriter, r *http.Request) {
+	if s.rel.store == nil {
+		writeOperatorError(w, errNoReleaseStore)
+		return
+	}
+	q := r.URL.Query()
+	version, triple := q.Get(operatorapi.QueryVersion), q.Get(operatorapi.QueryTriple)
+	if err := releases.ValidateVersion(version); err != nil {
+		writeOperatorError(w, releaseFieldError("version", err))
+		return
+	}
+	if triple != "" {
+		if err := releases.ValidateTriple(triple); err != nil {
+			writeOperatorError(w, releaseFieldError("triple", err))
+			return
+		}
+	}
+	if r.ContentLength > s.rel.maxSize {
+		writeOperatorError(w, badField(http.StatusRequestEntityTooLarge, "body", "the binary is %d bytes; at most %d are accepted", r.ContentLength, s.rel.maxSize))
+		return
+	}
+	body := &countingReader{r: http.MaxBytesReader(w, r.Body, s.rel.maxSize)}
+	rel, err := s.rel.store.Publish(r.Context(), body, version, triple)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		switch {
+		case errors.As(body.err, &mbe):
+			err = badField(http.StatusRequestEntityTooLarge, "body", "the binary exceeds %d bytes", s.rel.maxSize)
+		case body.err != nil:
+			err = badField(http.StatusBadRequest, "body", "the upload broke off after %d bytes: %v", body.n, body.err)
+		case body.n == 0:
+			err = badField(http.StatusBadRequest, "body", "empty; send the binary as the request body")
+		default:
+			s.log.Error().Err(err).Str("version", version).Str("triple", triple).Msg("publish release")
+		}
+		writeOperatorError(w, err)
+		return
+	}
+	s.log.Info().Str("version", rel.Version).Str("triple", rel.Triple).Str("sha256", rel.SHA256).
+		Int64("size", rel.Size).Msg("release published")
+	writeJSON(w, http.StatusCreated, s.releaseView(r, rel))
+}
+
+// handleDeleteRelease removes one published binary. A version that a
+// namespace targets is kept: its daemons would be told to update to a
+// binary that is gone.
+func (s *Server) handleDeleteRelease(w http.ResponseWriter, r *http.Request) {
+	if s.rel.store == nil {
+		writeOperatorError(w, errNoReleaseStore)
+		return
+	}
+	version, triple := r.PathValue("version"), r.PathValue("triple")
+	if err := releases.ValidateVersion(version); err != nil {
+		writeOperatorError(w, releaseFieldError("version", err))
+		return
+	}
+	if err := releases.ValidateTriple(triple); err != nil {
+		writeOperatorError(w, releaseFieldError("triple", err))
+		return
+	}
+	nss, err := s.st.NamespacesTargeting(r.Context(), version)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	if len(nss) > 0 {
+		writeOperatorError(w, badField(http.StatusConflict, "version",
+			"%s is the target version of namespace %s; set another target or clear it first (lakeshore daemon set-target-version)",
+			version, strings.Join(nss, ", ")))
+		return
+	}
+	rel, err := s.rel.store.Delete(version, triple)
+	if errors.Is(err, releases.ErrNotFound) {
+		writeOperatorError(w, badField(http.StatusNotFound, "version", "no release %s for %s", version, triple))
+		return
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("version", version).Str("triple", triple).Msg("delete release")
+		writeOperatorError(w, err)
+		return
+	}
+	s.log.Info().Str("version", rel.Version).Str("triple", rel.Triple).Msg("release deleted")
+	writeJSON(w, http.StatusOK, s.releaseView(r, rel))
+}
+
+func (s *Server) handleListReleases(w http.ResponseWriter, r *http.Request) {
+	out := operatorapi.ReleaseList{Releases: []operatorapi.Release{}}
+	if s.rel.store != nil {
+		all, err := s.rel.store.List()
+		if err != nil {
+			s.log.Error().Err(err).Msg("list releases")
+			writeOperatorError(w, err)
+			return
+		}
+		for _, rel := range all {
+			out.Releases = append(out.Releases, s.releaseView(r, rel))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) releaseView(r *http.Request, rel releases.Release) operatorapi.Release {
+	u := dist.URLFor(s.currentPublicURL(r.Host), dist.DefaultPrefix, rel.Version, rel.Triple)
+	return operatorapi.Release{
+		Version: rel.Version, Triple: rel.Triple, SHA256: rel.SHA256, Size: rel.Size,
+		PublishedAt: rel.PublishedAt, URL: u, SidecarURL: u + ".sha256",
+	}
+}
+
+// publishedTriples lists the triples version is published for here.
+func (s *Server) publishedTriples(version string) ([]string, error) {
+	out := []string{}
+	if s.rel.store == nil {
+		return out, nil
+	}
+	all, err := s.rel.store.List()
+	if err != nil {
+		return nil, err
+	}
+	for _, rel := range all {
+		if rel.Version == version {
+			out = append(out, rel.Triple)
+		}
+	}
+	return out, nil
+}

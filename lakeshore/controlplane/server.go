@@ -1,0 +1,412 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"nymph/identity"
+	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/store"
+	"nymph/lakeshore/store/sqlite"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Addr is where `serve` listens; it is only used to derive PublicURL
+	// when that is empty and no listener says better.
+	Addr string
+	// DataDir holds the SQLite store (lakeshore.db) and the generated admin
+	// token (admin-token). Created 0700 if missing.
+	DataDir string
+	// PublicURL is how daemons reach this server (e.g. "https://cp:7700"); it
+	// prefixes the stdout_url of streamed execs.
+	PublicURL string
+	// AdminToken guards the operator routes. Empty means: the one kept in
+	// DataDir/admin-token, generated on first start.
+	AdminToken string
+	// DaemonToken is an optional shared bootstrap bearer for daemons, beside
+	// the tokens minted through the operator API.
+	DaemonToken string
+	// Logger receives every log line.
+	Logger zerolog.Logger
+	// Store replaces the SQLite file in DataDir when set; Close closes it.
+	Store store.Store
+	// Notifier carries wake-ups to and from the other replicas sharing
+	// Store; nil keeps them in this process (one control plane). With a
+	// Notifier, signature nonces are also recorded in Store, so a request
+	// replayed to another replica is refused.
+	Notifier Notifier
+	// Now is the clock; nil means time.Now. Stale derivation, deadlines and
+	// timestamps all read it.
+	Now func() time.Time
+	// StaleAfter is how long a worker may go unseen before it reads back
+	// stale; zero means operatorapi.StaleAfter. Tests shorten it.
+	StaleAfter time.Duration
+	// RequireSignatures turns away unsigned daemon requests: hellos without
+	// a signature or an enrollment token, and bearer-only requests on the
+	// signature-guarded routes (LAKESHORE_REQUIRE_DAEMON_SIGNATURES=1).
+	RequireSignatures bool
+	// KeyRotationMaxAge, when positive, queues rotate_key for a daemon whose
+	// key is older, and is advertised as hello's key_rotation_max_age_s.
+	KeyRotationMaxAge time.Duration
+	// TLSCertFile and TLSKeyFile (PEM), both or neither, make Serve speak
+	// HTTPS.
+	TLSCertFile string
+	TLSKeyFile  string
+}
+
+// Caps on how long one request may wait for something to happen.
+const (
+	maxPollWait = 20 * time.Second
+	maxExecWait = 20 * time.Second
+	pollBatch   = 64
+	outputPage  = 1 << 20
+)
+
+// Server is the control plane.
+type Server struct {
+	log               zerolog.Logger
+	st                store.Store
+	now               func() time.Time
+	staleAfter        time.Duration
+	adminToken        string
+	adminTokenCreated bool
+	daemonToken       string
+	publicURL         atomic.Pointer[string]
+	addr              string
+	wake              *hub
+	handler           http.Handler
+	rel               releaseState
+	payloads          payloadStore
+	ident             *identityState
+	tls               *tls.Config
+
+	// Tests shorten these; the protocol fixes them at 20 s.
+	pollCap time.Duration
+	waitCap time.Duration
+	// parked, when set, is told each time a long-poll is about to block on
+	// its wake-up key, so tests can act at exactly that point.
+	parked func(key string)
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	inflight  gate
+	closeErr  error
+	storeOnce sync.Once
+	// stopNotifier ends the exchange of wake-ups with other replicas.
+	stopNotifier func()
+}
+
+// gate counts requests in flight and, once closed, admits no more, so Close
+// can wait for the store's last user before closing it.
+type gate struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	idle   chan struct{} // closed when closed and n reaches 0
+}
+
+func (g *gate) enter() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.n++
+	return true
+}
+
+func (g *gate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n--
+	if g.closed && g.n == 0 && g.idle != nil {
+		close(g.idle)
+		g.idle = nil
+	}
+}
+
+// close stops admitting and returns a channel closed once nobody is inside.
+func (g *gate) close() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+	ch := make(chan struct{})
+	if g.n == 0 {
+		close(ch)
+	} else {
+		g.idle = ch
+	}
+	return ch
+}
+
+// New opens the store and the admin token and builds the routes.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	s := &Server{
+		log:         cfg.Logger,
+		now:         cfg.Now,
+		staleAfter:  cfg.StaleAfter,
+		daemonToken: cfg.DaemonToken,
+		addr:        cfg.Addr,
+		wake:        newHub(),
+		pollCap:     maxPollWait,
+		waitCap:     maxExecWait,
+		closing:     make(chan struct{}),
+	}
+	if s.staleAfter <= 0 {
+		s.staleAfter = operatorapi.StaleAfter
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if cfg.PublicURL != "" {
+		u := strings.TrimRight(cfg.PublicURL, "/")
+		s.publicURL.Store(&u)
+	}
+	if cfg.DataDir == "" && (cfg.Store == nil || cfg.AdminToken == "") {
+		return nil, errors.New("controlplane: DataDir is required")
+	}
+	if cfg.DataDir != "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("controlplane: data dir: %w", err)
+		}
+	}
+	var err error
+	s.adminToken, s.adminTokenCreated, err = loadAdminToken(cfg.DataDir, cfg.AdminToken)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	if err := s.openReleases(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	if s.tls, err = loadTLS(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	s.st = cfg.Store
+	if s.st == nil {
+		db, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "lakeshore.db"))
+		if err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
+		s.st = db
+	}
+	var identOpts []identity.Option
+	if cfg.Notifier != nil {
+		// Replicas: a nonce one of them saw must be refused by all. A
+		// lone control plane keeps them in memory, with no write per
+		// signed request.
+		identOpts = append(identOpts, identity.WithNonceLedger(storeNonces{st: s.st, now: s.now}))
+	}
+	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge, identOpts...)
+	s.payloads = newPayloadStore(cfg.DataDir, s.adminToken)
+	s.handler = s.middleware(s.routes())
+	// Before the sweeper, whose first broadcast may come at once.
+	if cfg.Notifier != nil {
+		s.stopNotifier = s.startNotifier(cfg.Notifier)
+	}
+	s.startSweeper()
+	return s, nil
+}
+
+// AdminToken is the token the operator routes accept.
+func (s *Server) AdminToken() string { return s.adminToken }
+
+// AdminTokenCreated reports whether New generated the admin token just now
+// (so `serve` prints it once).
+func (s *Server) AdminTokenCreated() bool { return s.adminTokenCreated }
+
+// Handler serves every route.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Serve serves on ln until ctx is cancelled, then shuts down gracefully:
+// long-polls answer at once, other requests get a few seconds to finish.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if s.publicURL.Load() == nil {
+		u := s.scheme() + "://" + advertisedAddr(ln.Addr(), s.addr)
+		s.publicURL.CompareAndSwap(nil, &u)
+	}
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          log.New(s.log.With().Str("component", "http").Logger(), "", 0),
+	}
+	done := make(chan error, 1)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-s.closing:
+		}
+		s.stopWaiting()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- srv.Shutdown(sctx)
+	}()
+	s.log.Info().Str("addr", ln.Addr().String()).Str("public_url", s.currentPublicURL("")).Msg("control plane listening")
+	var err error
+	if s.tls != nil {
+		srv.TLSConfig = s.tls
+		err = srv.ServeTLS(ln, "", "")
+	} else {
+		err = srv.Serve(ln)
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		if serr := <-done; serr != nil {
+			return fmt.Errorf("controlplane: shutdown: %w", serr)
+		}
+		return nil
+	}
+	s.stopWaiting()
+	return fmt.Errorf("controlplane: serve: %w", err)
+}
+
+// Close ends every long-poll, waits for in-flight requests and closes the
+// store.
+func (s *Server) Close() error {
+	s.stopWaiting()
+	s.storeOnce.Do(func() {
+		select {
+		case <-s.inflight.close():
+		case <-time.After(10 * time.Second):
+			s.log.Warn().Msg("closing the store with requests still in flight")
+		}
+		if s.stopNotifier != nil {
+			s.stopNotifier()
+		}
+		s.closeErr = s.st.Close()
+	})
+	return s.closeErr
+}
+
+func (s *Server) stopWaiting() { s.closeOnce.Do(func() { close(s.closing) }) }
+
+// currentPublicURL is the configured public URL, else the listener's, else
+// what the caller reached us as.
+func (s *Server) currentPublicURL(host string) string {
+	if u := s.publicURL.Load(); u != nil {
+		return *u
+	}
+	if host != "" {
+		return s.scheme() + "://" + host
+	}
+	return s.scheme() + "://" + s.addr
+}
+
+// advertisedAddr replaces an unspecified listen IP by loopback, which is the
+// best guess without a configured public URL.
+func advertisedAddr(a net.Addr, fallback string) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return fallback
+	}
+	host := tcp.IP.String()
+	if tcp.IP == nil || tcp.IP.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, fmt.Sprint(tcp.Port))
+}
+
+func (s *Server) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+
+	mux.HandleFunc("POST /v1/daemon/hello", s.helloAuth(s.handleHello))
+	mux.HandleFunc("POST /v1/daemon/poll", s.signedAuth(limitSmall, s.handlePoll))
+	mux.HandleFunc("POST /v1/daemon/ack", s.signedAuth(limitAck, s.handleAck))
+	mux.HandleFunc("POST /v1/daemon/event", s.signedAuth(limitChunk, s.handleEvent))
+	mux.HandleFunc("POST /v1/daemon/keys", s.handleKeys)
+	mux.HandleFunc("POST /v1/daemon/result-chunk", s.daemonAuth(s.handleResultChunk))
+	mux.HandleFunc("POST /v1/daemon/exec/{exec_id}/result", s.handleExecResult)
+	mux.HandleFunc("POST /v1/daemon/exec/{exec_id}/chunk", s.handleExecChunk)
+
+	mux.HandleFunc(operatorapi.RouteListWorkers, s.adminAuth(s.handleListWorkers))
+	mux.HandleFunc(operatorapi.RouteGetWorker, s.adminAuth(s.handleGetWorker))
+	mux.HandleFunc(operatorapi.RouteKillWorker, s.adminAuth(s.handleKillWorker))
+	mux.HandleFunc(operatorapi.RouteCleanup, s.adminAuth(s.handleCleanup))
+	mux.HandleFunc(operatorapi.RouteWorkerExec, s.adminAuth(s.handleWorkerExec))
+	mux.HandleFunc(operatorapi.RouteQueueExec, s.adminAuth(s.handleQueueExec))
+	mux.HandleFunc(operatorapi.RouteGetExec, s.adminAuth(s.handleGetExec))
+	mux.HandleFunc(operatorapi.RouteSetup, s.adminAuth(s.handleSetup))
+	mux.HandleFunc(operatorapi.RouteHibernate, s.adminAuth(s.handleHibernate))
+	mux.HandleFunc(operatorapi.RouteReset, s.adminAuth(s.handleReset))
+	mux.HandleFunc(operatorapi.RouteCancel, s.adminAuth(s.handleCancel))
+	mux.HandleFunc(operatorapi.RouteCreateToken, s.adminAuth(s.handleCreateToken))
+	mux.HandleFunc(operatorapi.RouteListTokens, s.adminAuth(s.handleListTokens))
+	mux.HandleFunc(operatorapi.RouteRevokeToken, s.adminAuth(s.handleRevokeToken))
+	mux.HandleFunc(operatorapi.RouteListCommands, s.adminAuth(s.handleListCommands))
+	mux.HandleFunc(operatorapi.RouteRotateKey, s.adminAuth(s.handleRotateKey))
+	mux.HandleFunc(operatorapi.RouteRevokeKey, s.adminAuth(s.handleRevokeKey))
+	s.releaseRoutes(mux)
+	s.invocationRoutes(mux)
+	return mux
+}
+
+// statusWriter remembers the status for the request log.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer, so
+// a handler can flush a first answer before it waits for the rest.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// middleware counts in-flight requests, logs each one, and turns a panic
+// into a logged 500 — a last resort: every route validates its input first.
+func (s *Server) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.inflight.enter() {
+			writeJSON(w, http.StatusServiceUnavailable, operatorapi.Error{Error: "the control plane is shutting down"})
+			return
+		}
+		defer s.inflight.leave()
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				s.log.Error().Str("method", r.Method).Str("route", r.Pattern).
+					Str("panic", fmt.Sprint(p)).Str("stack", string(debug.Stack())).Msg("handler panicked")
+				if sw.status == 0 {
+					writeJSON(sw, http.StatusInternalServerError, operatorapi.Error{Error: "internal error"})
+				}
+			}
+			ev := s.log.Debug()
+			if sw.status >= 500 {
+				ev = s.log.Warn()
+			}
+			ev.Str("method", r.Method).Str("route", r.Pattern).Int("status", sw.status).
+				Dur("took", time.Since(start)).Msg("request")
+		}()
+		next.ServeHTTP(sw, r)
+	})
+}

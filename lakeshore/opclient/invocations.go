@@ -1,0 +1,200 @@
+package opclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"nymph/lakeshore/operatorapi"
+	"nymph/messages"
+)
+
+// Tuning of WaitInvocation.
+const (
+	waitPoll     = operatorapi.MaxWait
+	waitSlack    = 15 * time.Second
+	waitRetryMin = 100 * time.Millisecond
+	waitRetryMax = 2 * time.Second
+)
+
+// SubmitInvocation queues a function invocation (RouteSubmitInvocation).
+func (c *Client) SubmitInvocation(ctx context.Context, req operatorapi.InvocationRequest) (operatorapi.InvocationSubmitted, error) {
+	var out operatorapi.InvocationSubmitted
+	err := c.do(ctx, operatorapi.RouteSubmitInvocation, nil, nil, req, &out)
+	return out, err
+}
+
+// GetInvocation reads an invocation (RouteGetInvocation). A positive wait
+// long-polls until its state changes or is terminal; the server caps it at
+// operatorapi.MaxWait.
+func (c *Client) GetInvocation(ctx context.Context, id string, wait time.Duration) (operatorapi.Invocation, error) {
+	q := url.Values{}
+	if wait > 0 {
+		q.Set("wait", strconv.FormatFloat(wait.Seconds(), 'f', -1, 64))
+	}
+	var out operatorapi.Invocation
+	err := c.do(ctx, operatorapi.RouteGetInvocation, params{"inv_id": id}, q, nil, &out)
+	return out, err
+}
+
+// InvocationFilter narrows ListInvocations; zero fields match everything
+// (Limit 0: the server's default).
+type InvocationFilter struct {
+	State string
+	Queue string
+	Limit int
+}
+
+// ListInvocations lists the namespace's invocations, newest first
+// (RouteListInvocations).
+func (c *Client) ListInvocations(ctx context.Context, f InvocationFilter) ([]operatorapi.Invocation, error) {
+	q := url.Values{}
+	if f.State != "" {
+		q.Set("state", f.State)
+	}
+	if f.Queue != "" {
+		q.Set("queue", f.Queue)
+	}
+	if f.Limit > 0 {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	}
+	var out operatorapi.InvocationList
+	if err := c.do(ctx, operatorapi.RouteListInvocations, nil, q, nil, &out); err != nil {
+		return nil, err
+	}
+	if out.Invocations == nil {
+		out.Invocations = []operatorapi.Invocation{}
+	}
+	return out.Invocations, nil
+}
+
+// CancelInvocation cancels a queued invocation at once, or asks the daemon
+// running it to stop (RouteCancelInvocation).
+func (c *Client) CancelInvocation(ctx context.Context, id string) (operatorapi.CancelInvocationResponse, error) {
+	var out operatorapi.CancelInvocationResponse
+	err := c.do(ctx, operatorapi.RouteCancelInvocation, params{"inv_id": id}, nil, struct{}{}, &out)
+	return out, err
+}
+
+// WaitInvocation follows an invocation until it is terminal and returns it.
+// progress, when not nil, sees every read (state changes, and each long
+// poll that ran out). Transport failures and a restarting server are
+// retried with backoff until ctx ends; other errors end the wait.
+func (c *Client) WaitInvocation(ctx context.Context, id string, progress func(operatorapi.Invocation, error)) (operatorapi.Invocation, error) {
+	backoff := waitRetryMin
+	for {
+		rctx, cancel := context.WithTimeout(ctx, waitPoll+waitSlack)
+		inv, err := c.GetInvocation(rctx, id, waitPoll)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return inv, ctx.Err()
+			}
+			if !Retryable(err) && !errors.Is(err, context.DeadlineExceeded) {
+				return inv, err
+			}
+			if progress != nil {
+				progress(operatorapi.Invocation{}, err)
+			}
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return inv, ctx.Err()
+			case <-t.C:
+			}
+			backoff = min(backoff*2, waitRetryMax)
+			continue
+		}
+		backoff = waitRetryMin
+		if progress != nil {
+			progress(inv, nil)
+		}
+		if operatorapi.InvocationTerminal(inv.State) {
+			return inv, nil
+		}
+	}
+}
+
+// Presign asks the payload store for a URL (RoutePresign, as JSON).
+func (c *Client) Presign(ctx context.Context, req messages.PresignRequest) (messages.PresignResponse, error) {
+	var out messages.PresignResponse
+	err := c.do(ctx, operatorapi.RoutePresign, nil, nil, req, &out)
+	return out, err
+}
+
+// UploadPayload stores data in the payload store and returns its ref; kind
+// (may be empty) goes into the generated key. The key can then be given as
+// InvocationRequest.ArgsKey.
+func (c *Client) UploadPayload(ctx context.Context, data []byte, kind string) (messages.PayloadRef, error) {
+	size := uint64(len(data))
+	req := messages.PresignRequest{Op: messages.PresignPut, Size: &size}
+	if kind != "" {
+		req.Kind = &kind
+	}
+	p, err := c.Presign(ctx, req)
+	if err != nil {
+		return messages.PayloadRef{}, err
+	}
+	var ref messages.PayloadRef
+	if err := c.capability(ctx, http.MethodPut, p.URL, data, func(body []byte) error {
+		return json.Unmarshal(body, &ref)
+	}); err != nil {
+		return messages.PayloadRef{}, err
+	}
+	return ref, nil
+}
+
+// DownloadPayload reads a blob of the payload store by key.
+func (c *Client) DownloadPayload(ctx context.Context, key string) ([]byte, error) {
+	p, err := c.Presign(ctx, messages.PresignRequest{Op: messages.PresignGet, Key: &key})
+	if err != nil {
+		return nil, err
+	}
+	var out []byte
+	err = c.capability(ctx, http.MethodGet, p.URL, nil, func(body []byte) error {
+		out = body
+		return nil
+	})
+	return out, err
+}
+
+// capability calls a presigned URL. The URL is its own credential, so the
+// admin token is not sent along.
+func (c *Client) capability(ctx context.Context, method, rawURL string, body []byte, read func([]byte) error) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, rawURL, rd)
+	if err != nil {
+		return fmt.Errorf("%s payload: %w", method, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return &TransportError{Method: method, URL: rawURL, Err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return decodeError(method, req.URL.Path, resp)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, messages.MaxPayload+1))
+	if err != nil {
+		return &TransportError{Method: method, URL: rawURL, Err: err}
+	}
+	if len(data) > messages.MaxPayload {
+		return fmt.Errorf("%s payload: more than %d bytes", method, messages.MaxPayload)
+	}
+	return read(data)
+}

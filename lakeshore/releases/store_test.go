@@ -1,0 +1,416 @@
+package releases
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"nymph/dist"
+)
+
+func unavailable(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf(format+" (CI=true: must not skip)", args...)
+	}
+	t.Skipf(format, args...)
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// fakeELF is a minimal little-endian 64-bit ELF header for machine, then
+// random bytes: enough for triple detection and for the daemon's check.
+func fakeELF(t *testing.T, machine elf.Machine, size int) []byte {
+	t.Helper()
+	hdr := elf.Header64{
+		Ident:   [elf.EI_NIDENT]byte{0x7f, 'E', 'L', 'F', byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)},
+		Type:    uint16(elf.ET_EXEC),
+		Machine: uint16(machine),
+		Version: uint32(elf.EV_CURRENT),
+		Ehsize:  64,
+	}
+	var buf bytes.Buffer
+	if err := binary.Write(&buf, binary.LittleEndian, hdr); err != nil {
+		t.Fatal(err)
+	}
+	buf.Write(randomBytes(t, size-buf.Len()))
+	return buf.Bytes()
+}
+
+func hexSum(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func openStore(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(filepath.Join(t.TempDir(), "releases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func publish(t *testing.T, s *Store, body []byte, version, triple string) Release {
+	t.Helper()
+	rel, err := s.Publish(context.Background(), bytes.NewReader(body), version, triple)
+	if err != nil {
+		t.Fatalf("Publish(%s, %s): %v", version, triple, err)
+	}
+	return rel
+}
+
+func assertNoTemps(t *testing.T, dir string) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if strings.HasSuffix(p, ".tmp") {
+			t.Errorf("temporary file left behind: %s", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPublishListGet(t *testing.T) {
+	s := openStore(t)
+	const gnu, arm = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
+	bins := map[string][]byte{}
+	for _, p := range []struct{ v, tr string }{{"0.1.10", gnu}, {"0.1.9", gnu}, {"0.1.10", arm}, {"0.2.0-rc.1", gnu}, {"0.2.0", gnu}} {
+		b := randomBytes(t, 4096)
+		bins[p.v+"/"+p.tr] = b
+		rel := publish(t, s, b, p.v, p.tr)
+		if rel.SHA256 != hexSum(b) || rel.Size != 4096 || rel.Version != p.v || rel.Triple != p.tr || rel.PublishedAt.IsZero() {
+			t.Fatalf("Publish returned %+v", rel)
+		}
+		if rel.Path != filepath.Join(s.Dir(), p.v, "nymph-"+p.tr) {
+			t.Fatalf("Path %s", rel.Path)
+		}
+		st, err := os.Stat(rel.Path)
+		if err != nil || st.Mode().Perm() != 0o755 {
+			t.Fatalf("binary %s: %v %v", rel.Path, st, err)
+		}
+	}
+
+	all, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range all {
+		got = append(got, r.Version+"/"+r.Triple)
+	}
+	want := []string{"0.1.9/" + gnu, "0.1.10/" + arm, "0.1.10/" + gnu, "0.2.0-rc.1/" + gnu, "0.2.0/" + gnu}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("List order\n got %v\nwant %v", got, want)
+	}
+
+	rel, err := s.Get("0.1.10", arm)
+	if err != nil || rel.SHA256 != hexSum(bins["0.1.10/"+arm]) {
+		t.Fatalf("Get: %+v %v", rel, err)
+	}
+	onDisk, _ := os.ReadFile(rel.Path)
+	if !bytes.Equal(onDisk, bins["0.1.10/"+arm]) {
+		t.Fatal("stored bytes differ from the published ones")
+	}
+	if _, err := s.Get("0.1.11", gnu); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of a missing version: %v, want ErrNotFound", err)
+	}
+	if _, err := s.Get("0.1.9", arm); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of a missing triple: %v, want ErrNotFound", err)
+	}
+	if l, err := s.Latest(gnu); err != nil || l.Version != "0.2.0" {
+		t.Fatalf("Latest(gnu) = %+v, %v", l, err)
+	}
+	if _, err := s.Latest("riscv64gc-unknown-linux-gnu"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Latest of an unpublished triple: %v", err)
+	}
+
+	// A second Store over the same directory (another process, say) sees it all.
+	again, err := Open(s.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all2, _ := again.List(); len(all2) != len(all) {
+		t.Fatalf("reopened store lists %d releases, want %d", len(all2), len(all))
+	}
+	assertNoTemps(t, s.Dir())
+}
+
+func TestSidecarIsSha256sumFormat(t *testing.T) {
+	s := openStore(t)
+	body := randomBytes(t, 10000)
+	rel := publish(t, s, body, "1.2.3", "x86_64-unknown-linux-gnu")
+	side, err := os.ReadFile(rel.Path + ".sha256")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := hexSum(body) + "  nymph-x86_64-unknown-linux-gnu\n"; string(side) != want {
+		t.Fatalf("sidecar %q, want %q", side, want)
+	}
+	sha256sum, err := exec.LookPath("sha256sum")
+	if err != nil {
+		unavailable(t, "sha256sum not found")
+	}
+	cmd := exec.Command(sha256sum, "-c", filepath.Base(rel.Path)+".sha256")
+	cmd.Dir = filepath.Dir(rel.Path)
+	if check, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sha256sum -c: %v: %s", err, check)
+	}
+	// sha256sum prints the name as given, so run it where the sidecar lives.
+	cmd = exec.Command(sha256sum, filepath.Base(rel.Path))
+	cmd.Dir = filepath.Dir(rel.Path)
+	if out, err := cmd.Output(); err != nil || string(out) != string(side) {
+		t.Fatalf("sha256sum prints %q, the sidecar is %q (%v)", out, side, err)
+	}
+}
+
+func TestRepublishReplaces(t *testing.T) {
+	s := openStore(t)
+	first := publish(t, s, randomBytes(t, 2000), "0.3.0", "")
+	secondBody := randomBytes(t, 3000)
+	second := publish(t, s, secondBody, "0.3.0", "")
+	if first.Triple != second.Triple {
+		t.Fatalf("triples %s and %s", first.Triple, second.Triple)
+	}
+	all, err := s.List()
+	if err != nil || len(all) != 1 {
+		t.Fatalf("List: %v %v, want one release", all, err)
+	}
+	if all[0].SHA256 != hexSum(secondBody) || all[0].Size != 3000 {
+		t.Fatalf("index still describes the first binary: %+v", all[0])
+	}
+	onDisk, _ := os.ReadFile(second.Path)
+	side, _ := os.ReadFile(second.Path + ".sha256")
+	if !bytes.Equal(onDisk, secondBody) || !strings.HasPrefix(string(side), hexSum(secondBody)) {
+		t.Fatal("binary or sidecar not replaced")
+	}
+	assertNoTemps(t, s.Dir())
+}
+
+func TestTripleDetectedFromELF(t *testing.T) {
+	s := openStore(t)
+	if rel := publish(t, s, fakeELF(t, elf.EM_AARCH64, 4096), "1.0.0", ""); rel.Triple != "aarch64-unknown-linux-gnu" {
+		t.Fatalf("aarch64 ELF published as %s", rel.Triple)
+	}
+	if rel := publish(t, s, fakeELF(t, elf.EM_X86_64, 4096), "1.0.0", ""); rel.Triple != "x86_64-unknown-linux-gnu" {
+		t.Fatalf("x86_64 ELF published as %s", rel.Triple)
+	}
+	if rel := publish(t, s, []byte("#!/bin/sh\n"), "1.0.1", ""); rel.Triple != dist.DefaultTriple() {
+		t.Fatalf("a non-ELF file published as %s, want dist.DefaultTriple %s", rel.Triple, dist.DefaultTriple())
+	}
+	if rel := publish(t, s, fakeELF(t, elf.EM_AARCH64, 4096), "1.0.2", "aarch64-unknown-linux-musl"); rel.Triple != "aarch64-unknown-linux-musl" {
+		t.Fatalf("explicit triple overridden: %s", rel.Triple)
+	}
+}
+
+func TestPublishRejectsBadInput(t *testing.T) {
+	s := openStore(t)
+	body := []byte("binary")
+	for _, v := range []string{"", ".hidden", "../etc", "a/b", "1 0", "-1", "1.0\n", strings.Repeat("9", 129), "ü1"} {
+		_, err := s.Publish(context.Background(), bytes.NewReader(body), v, "")
+		if err == nil || !strings.Contains(err.Error(), "field version") {
+			t.Errorf("version %q: %v, want an error naming the field", v, err)
+		}
+	}
+	for _, tr := range []string{"X86_64-unknown-linux-gnu", "linux", "x86_64/unknown-linux", "x86_64-unknown-linux-gnu.sha256", "a-b-c-d-e-f", "x86_64--gnu"} {
+		_, err := s.Publish(context.Background(), bytes.NewReader(body), "1.0.0", tr)
+		if err == nil || !strings.Contains(err.Error(), "field triple") {
+			t.Errorf("triple %q: %v, want an error naming the field", tr, err)
+		}
+	}
+	if _, err := s.Publish(context.Background(), bytes.NewReader(nil), "1.0.0", ""); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("empty binary: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Publish(ctx, bytes.NewReader(body), "1.0.0", ""); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled publish: %v", err)
+	}
+	if _, err := s.Get("../x", "x86_64-unknown-linux-gnu"); err == nil || errors.Is(err, ErrNotFound) {
+		t.Errorf("Get with a bad version: %v, want a validation error", err)
+	}
+	if all, err := s.List(); err != nil || len(all) != 0 {
+		t.Fatalf("after only bad input the store lists %v (%v)", all, err)
+	}
+	entries, _ := os.ReadDir(s.Dir())
+	for _, e := range entries {
+		if e.Name() != ".lock" {
+			t.Errorf("left behind: %s", e.Name())
+		}
+	}
+}
+
+func TestOpenRefusesCorruptIndex(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, ".index.json"), []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("Open over a corrupt index: %v", err)
+	}
+}
+
+// TestConcurrentPublish races writers on two Stores over one directory (as
+// two processes would) and checks every surviving entry describes the bytes
+// on disk and its sidecar.
+func TestConcurrentPublish(t *testing.T) {
+	a := openStore(t)
+	b, err := Open(a.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const triple = "x86_64-unknown-linux-gnu"
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 16 {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Half the writers fight over one version; the rest get their own.
+			version := "0.9.0"
+			if i%4 != 0 {
+				version = fmt.Sprintf("0.9.%d", i+1)
+			}
+			body := make([]byte, 32<<10)
+			_, _ = rand.Read(body)
+			if _, err := s.Publish(context.Background(), bytes.NewReader(body), version, triple); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	all, err := a.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 13 { // 0.9.0 plus twelve distinct versions
+		t.Fatalf("List has %d releases, want 13", len(all))
+	}
+	for _, r := range all {
+		onDisk, err := os.ReadFile(r.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		side, _ := os.ReadFile(r.Path + ".sha256")
+		if hexSum(onDisk) != r.SHA256 || string(side) != r.Sidecar() {
+			t.Errorf("%s: index %s, file %s, sidecar %q", r.Version, r.SHA256, hexSum(onDisk), side)
+		}
+	}
+	assertNoTemps(t, a.Dir())
+}
+
+func TestCompareVersions(t *testing.T) {
+	ordered := []string{"0.1.0", "0.1.2", "0.1.9", "0.1.10", "v0.2.0-alpha", "0.2.0-rc.1", "0.2.0-rc.2", "0.2.0-rc.10", "0.2.0", "0.10.0", "1.0.0"}
+	for i := range ordered {
+		for j := range ordered {
+			want := 0
+			if i < j {
+				want = -1
+			} else if i > j {
+				want = 1
+			}
+			if got := CompareVersions(ordered[i], ordered[j]); got != want {
+				t.Errorf("CompareVersions(%s, %s) = %d, want %d", ordered[i], ordered[j], got, want)
+			}
+		}
+	}
+	if CompareVersions("1.0.0+build.1", "1.0.0+build.2") != 0 {
+		t.Error("build metadata must not order versions")
+	}
+}
+
+func TestTripleForArch(t *testing.T) {
+	for arch, want := range map[string]string{"x86_64": "x86_64-unknown-linux-gnu", "amd64": "x86_64-unknown-linux-gnu", "aarch64": "aarch64-unknown-linux-gnu", "arm64": "aarch64-unknown-linux-gnu", " AArch64\n": "aarch64-unknown-linux-gnu"} {
+		if got, err := dist.TripleForArch(arch); err != nil || got != want {
+			t.Errorf("dist.TripleForArch(%q) = %q, %v; want %q", arch, got, err, want)
+		}
+	}
+	if _, err := dist.TripleForArch("vax"); err == nil {
+		t.Error("dist.TripleForArch(vax) succeeded")
+	}
+	if err := ValidateTriple(dist.DefaultTriple()); err != nil {
+		t.Errorf("dist.DefaultTriple %q is not a valid triple: %v", dist.DefaultTriple(), err)
+	}
+}
+
+func TestDelete(t *testing.T) {
+	s := openStore(t)
+	const gnu, arm = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
+	gone := publish(t, s, randomBytes(t, 1024), "0.3.0", gnu)
+	kept := publish(t, s, randomBytes(t, 1024), "0.3.0", arm)
+	only := publish(t, s, randomBytes(t, 1024), "0.4.0", gnu)
+
+	rel, err := s.Delete("0.3.0", gnu)
+	if err != nil || rel.SHA256 != gone.SHA256 {
+		t.Fatalf("Delete: %+v %v", rel, err)
+	}
+	for _, p := range []string{gone.Path, gone.Path + ".sha256"} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s still there: %v", p, err)
+		}
+	}
+	if _, err := s.Get("0.3.0", gnu); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get after Delete: %v", err)
+	}
+	if _, err := s.Get("0.3.0", arm); err != nil {
+		t.Fatalf("the other triple of the version went too: %v", err)
+	}
+	if _, err := os.Stat(kept.Path); err != nil {
+		t.Fatal(err)
+	}
+	// The last triple of a version takes its directory with it.
+	if _, err := s.Delete("0.4.0", gnu); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Dir(only.Path)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("empty version directory left: %v", err)
+	}
+	if _, err := s.Delete("0.4.0", gnu); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Delete twice: %v", err)
+	}
+	if _, err := s.Delete("../x", gnu); err == nil || errors.Is(err, ErrNotFound) {
+		t.Fatalf("bad version: %v", err)
+	}
+	// A reopened store agrees.
+	s2, err := Open(s.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := s2.List()
+	if err != nil || len(all) != 1 || all[0].Triple != arm {
+		t.Fatalf("after reopen: %+v %v", all, err)
+	}
+	assertNoTemps(t, s.Dir())
+}

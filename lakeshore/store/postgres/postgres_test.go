@@ -1,0 +1,239 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"nymph/lakeshore/store"
+	"nymph/lakeshore/store/postgres"
+	"nymph/lakeshore/store/storetest"
+	"nymph/test/realparts"
+)
+
+// server is one private PostgreSQL for the whole test function; every
+// subtest gets a database of its own on it.
+type server struct {
+	pg *realparts.Postgres
+	n  atomic.Int64
+}
+
+func startServer(t *testing.T) *server {
+	t.Helper()
+	return &server{pg: realparts.StartPostgres(t)}
+}
+
+// newDatabase creates an empty database and returns its DSN.
+func (s *server) newDatabase(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	name := fmt.Sprintf("t%d", s.n.Add(1))
+	conn, err := pgx.Connect(ctx, s.pg.DSN)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create database %s: %v", name, err)
+	}
+	u, err := url.Parse(s.pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func open(t *testing.T, dsn string) *postgres.DB {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func TestPostgres(t *testing.T) {
+	srv := startServer(t)
+
+	t.Run("Conformance", func(t *testing.T) {
+		storetest.Run(t, storetest.Backend{
+			Replicas: true,
+			NewDatabase: func(t *testing.T) func(*testing.T) store.Store {
+				dsn := srv.newDatabase(t)
+				return func(t *testing.T) store.Store {
+					db, err := postgres.Open(context.Background(), dsn)
+					if err != nil {
+						t.Fatalf("open: %v", err)
+					}
+					return db
+				}
+			},
+		})
+	})
+
+	t.Run("ReplicasStartingTogetherMigrateOnce", func(t *testing.T) {
+		dsn := srv.newDatabase(t)
+		const replicas = 6
+		dbs := make([]*postgres.DB, replicas)
+		errs := make([]error, replicas)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range replicas {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				dbs[i], errs[i] = postgres.Open(context.Background(), dsn)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("replica %d: %v", i, err)
+			}
+			t.Cleanup(func() { dbs[i].Close() })
+		}
+		rows, err := dbs[0].Pool().Query(context.Background(), `SELECT version FROM schema_migrations ORDER BY version`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, err := filepath.Glob("migrations/*.sql")
+		if err != nil || len(files) == 0 {
+			t.Fatalf("migrations: %v %v", files, err)
+		}
+		want := make([]int32, len(files))
+		for i := range want {
+			want[i] = int32(i + 1)
+		}
+		if fmt.Sprint(versions) != fmt.Sprint(want) {
+			t.Fatalf("applied versions %v, want %v (each once)", versions, want)
+		}
+	})
+
+	t.Run("BadDSN", func(t *testing.T) {
+		if _, err := postgres.Open(context.Background(), "postgres://%zz"); err == nil {
+			t.Fatal("a malformed DSN opened")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		u, _ := url.Parse(srv.pg.DSN)
+		u.Path = "/no_such_database"
+		if _, err := postgres.Open(ctx, u.String()); err == nil {
+			t.Fatal("a missing database opened")
+		}
+	})
+
+	t.Run("CancelledContextChangesNothing", func(t *testing.T) {
+		db := open(t, srv.newDatabase(t))
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, _, err := db.Hello(ctx, store.Hello{NewID: "w", Namespace: "default", MachineID: "m", Now: time.Now()})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("hello with a cancelled context: %v", err)
+		}
+		if _, err := db.Worker(ctx, "", "w"); !errors.Is(err, context.Canceled) {
+			t.Fatalf("read with a cancelled context: %v", err)
+		}
+		if ws, err := db.ListWorkers(context.Background(), "default"); err != nil || len(ws) != 0 {
+			t.Fatalf("after a cancelled hello: %+v %v", ws, err)
+		}
+	})
+
+	// A poll cancelled mid-statement (its daemon moved on) must not cost a
+	// connection: reconnecting, with TLS to a remote database, is what a
+	// busy control plane would otherwise do on every exec.
+	t.Run("CancellationsKeepConnections", func(t *testing.T) {
+		db := open(t, srv.newDatabase(t))
+		w, _, err := db.Hello(context.Background(), store.Hello{NewID: "w", Namespace: "default", MachineID: "m", Now: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := db.Pool().Stat().NewConnsCount()
+		for i := range 200 {
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				// Land the cancellation anywhere in the poll's statements.
+				for range i % 50 {
+					runtime.Gosched()
+				}
+				cancel()
+			}()
+			_, err := db.RecordPoll(ctx, store.Poll{WorkerID: w.ID, Now: time.Now()})
+			if err != nil && !errors.Is(err, context.Canceled) {
+				t.Fatalf("poll %d: %v", i, err)
+			}
+			cancel()
+		}
+		if n := db.Pool().Stat().NewConnsCount() - before; n > 0 {
+			t.Fatalf("200 cancelled polls opened %d new connections", n)
+		}
+	})
+
+	t.Run("NotifierCarriesKeysBetweenReplicas", func(t *testing.T) {
+		dsn := srv.newDatabase(t)
+		a, b := open(t, dsn), open(t, dsn)
+		na, nb := a.Notifier(), b.Notifier()
+		ctx, cancel := context.WithCancel(context.Background())
+		got := make(chan string, 16)
+		done := make(chan error, 1)
+		go func() { done <- na.Listen(ctx, func(key string) { got <- key }) }()
+		next := func() string {
+			t.Helper()
+			select {
+			case k := <-got:
+				return k
+			case err := <-done:
+				t.Fatalf("listen ended: %v", err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("no wake-up within 10 s")
+			}
+			return ""
+		}
+		if k := next(); k != "" {
+			t.Fatalf("first delivery %q, want the empty key (listening now)", k)
+		}
+		// A's own key does not come back to it; B's does, in order.
+		if err := na.Publish(ctx, "w:own"); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"w:worker-1", "e:exec 2"} {
+			if err := nb.Publish(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if k := next(); k != "w:worker-1" {
+			t.Fatalf("got %q", k)
+		}
+		if k := next(); k != "e:exec 2" {
+			t.Fatalf("got %q", k)
+		}
+		cancel()
+		select {
+		case err := <-done:
+			if err != context.Canceled {
+				t.Fatalf("listen returned %v after cancel", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("listen did not return after cancel")
+		}
+		if len(got) != 0 {
+			t.Fatalf("unexpected wake-up %q", <-got)
+		}
+	})
+}

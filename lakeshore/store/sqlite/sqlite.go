@@ -1,0 +1,120 @@
+// Package sqlite is the embedded implementation of store.Store: one SQLite
+// file (pure Go driver, WAL journal, busy timeout) with its schema applied
+// from embedded migrations on open.
+//
+// Writes go through a pool of exactly one connection, so transactions never
+// contend for SQLite's single write lock and never see SQLITE_BUSY from a
+// lock upgrade; reads use a separate small pool, which WAL lets run beside
+// the writer. synchronous=NORMAL keeps every committed transaction across a
+// crash or SIGKILL of the process; only a power loss can lose the last ones.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"modernc.org/sqlite" // registers the "sqlite" driver
+
+	"nymph/lakeshore/store"
+	"nymph/lakeshore/store/sqlstore"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// DB is a store.Store on one SQLite file.
+type DB struct {
+	*sqlstore.DB
+}
+
+var _ store.Store = (*DB)(nil)
+
+// Open opens (creating if needed) the database at path and migrates it.
+func Open(ctx context.Context, path string) (*DB, error) {
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	w, err := sql.Open("sqlite", path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	if err := migrate(ctx, w); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("migrate %s: %w", path, err)
+	}
+	rq := url.Values{}
+	rq.Add("_pragma", "busy_timeout(10000)")
+	rq.Add("_pragma", "query_only(1)")
+	r, err := sql.Open("sqlite", path+"?"+rq.Encode())
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open %s for reading: %w", path, err)
+	}
+	r.SetMaxOpenConns(4)
+	r.SetMaxIdleConns(2)
+	return &DB{sqlstore.New(w, r, dialect())}, nil
+}
+
+// dialect is SQLite's: the zero value (one writer, no row locks, no
+// retries, statements on the caller's context), plus its error codes.
+func dialect() sqlstore.Dialect {
+	return sqlstore.Dialect{IsPrimaryKeyViolation: isPrimaryKeyViolation}
+}
+
+// sqliteConstraintPrimaryKey is SQLITE_CONSTRAINT_PRIMARYKEY.
+const sqliteConstraintPrimaryKey = 1555
+
+func isPrimaryKeyViolation(err error, table string) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code() == sqliteConstraintPrimaryKey && strings.Contains(se.Error(), " "+table+".")
+}
+
+func migrate(ctx context.Context, db *sql.DB) error {
+	if _, err := db.ExecContext(ctx, sqlstore.CreateMigrationsTable); err != nil {
+		return err
+	}
+	ms, err := sqlstore.Migrations(migrations)
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if err := applyMigration(ctx, db, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func applyMigration(ctx context.Context, db *sql.DB, m sqlstore.Migration) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE version = ?`, m.Version).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+		return fmt.Errorf("migration %s: %w", m.Name, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`, m.Version, time.Now().UnixMilli()); err != nil {
+		return err
+	}
+	return tx.Commit()
+}

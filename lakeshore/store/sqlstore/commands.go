@@ -1,0 +1,148 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"nymph/lakeshore/store"
+)
+
+// Enqueue implements store.Commands.
+func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec) (store.Command, error) {
+	out := store.Command{ID: c.ID, WorkerID: c.WorkerID, Kind: c.Kind, Body: c.Body, CreatedAt: fromMs(ms(c.Now))}
+	var hib any
+	if c.Kind == store.KindHibernate && c.HibernateUntil != nil {
+		hib = msPtr(c.HibernateUntil)
+	}
+	err := db.tx(ctx, func(tx querier) error {
+		// The increment takes the worker's row lock: concurrent enqueues on
+		// any replica get consecutive sequence numbers.
+		err := tx.QueryRow(ctx, `UPDATE workers SET last_seq = last_seq + 1,
+			state = CASE WHEN CAST(? AS TEXT) = 'setup' AND state IN ('active', 'joining') THEN 'setting_up' ELSE state END,
+			hibernating_until = COALESCE(CAST(? AS BIGINT), hibernating_until)
+			WHERE id = ? RETURNING last_seq`, c.Kind, hib, c.WorkerID).Scan(&out.Seq)
+		if errors.Is(err, sql.ErrNoRows) {
+			return notFound("worker", c.WorkerID)
+		}
+		if err != nil {
+			return fmt.Errorf("bump seq: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO commands (id, worker_id, seq, kind, body, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+			c.ID, c.WorkerID, out.Seq, c.Kind, nonNilBytes(c.Body), ms(c.Now)); err != nil {
+			return fmt.Errorf("insert command: %w", err)
+		}
+		if e != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO execs (id, namespace, worker_id, command_id, command, stream, state, created_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, e.ID, e.Namespace, c.WorkerID, c.ID, e.Command, e.Stream, store.ExecQueued, ms(c.Now)); err != nil {
+				return fmt.Errorf("insert exec: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return store.Command{}, fmt.Errorf("enqueue %s: %w", c.Kind, err)
+	}
+	return out, nil
+}
+
+// Take implements store.Commands.
+func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int, ackNow bool, now time.Time) ([]store.Command, error) {
+	var out []store.Command
+	err := db.tx(ctx, func(tx querier) error {
+		if err := lockWorker(ctx, tx, workerID); err != nil {
+			return err
+		}
+		// FOR UPDATE: a cancel withdrawing one of these commands either
+		// happens before (and the row is gone) or waits and then finds it
+		// delivered; it never withdraws a command this take hands out.
+		rows, err := tx.Query(ctx, `SELECT id, worker_id, seq, kind, body, created_at, delivered_at, acked_at FROM commands
+			WHERE worker_id = ? AND acked_at IS NULL AND seq > ? ORDER BY seq LIMIT ?`+tx.d.ForUpdate, workerID, after, limit)
+		if err != nil {
+			return err
+		}
+		out, err = scanCommands(rows)
+		if err != nil {
+			return err
+		}
+		for i, c := range out {
+			if c.Kind == store.KindHibernate {
+				out = out[:i+1]
+				break
+			}
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		first, last := out[0].Seq, out[len(out)-1].Seq
+		var acked any
+		if ackNow {
+			acked = ms(now)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE commands SET delivered_at = COALESCE(delivered_at, ?), acked_at = COALESCE(CAST(? AS BIGINT), acked_at)
+			WHERE worker_id = ? AND seq BETWEEN ? AND ? AND acked_at IS NULL`, ms(now), acked, workerID, first, last); err != nil {
+			return fmt.Errorf("mark delivered: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE workers SET delivered_seq = ? WHERE id = ? AND delivered_seq < ?`, last, workerID, last); err != nil {
+			return fmt.Errorf("bump delivered seq: %w", err)
+		}
+		if ackNow {
+			if _, err := tx.Exec(ctx, `UPDATE workers SET acked_seq = ? WHERE id = ? AND acked_seq < ?`, last, workerID, last); err != nil {
+				return fmt.Errorf("bump acked seq: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `UPDATE execs SET state = ?, started_at = ? WHERE state = ? AND command_id IN
+			(SELECT id FROM commands WHERE worker_id = ? AND seq BETWEEN ? AND ? AND kind = 'exec')`,
+			store.ExecRunning, ms(now), store.ExecQueued, workerID, first, last); err != nil {
+			return fmt.Errorf("mark execs running: %w", err)
+		}
+		t := fromMs(ms(now))
+		for i := range out {
+			if out[i].DeliveredAt == nil {
+				out[i].DeliveredAt = &t
+			}
+			if ackNow {
+				out[i].AckedAt = &t
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("take commands of %s: %w", workerID, err)
+	}
+	return out, nil
+}
+
+// ListCommands implements store.Commands.
+func (db *DB) ListCommands(ctx context.Context, workerID string) ([]store.Command, error) {
+	rows, err := db.reader().Query(ctx, `SELECT id, worker_id, seq, kind, body, created_at, delivered_at, acked_at FROM commands
+		WHERE worker_id = ? ORDER BY seq`, workerID)
+	if err != nil {
+		return nil, fmt.Errorf("list commands: %w", err)
+	}
+	out, err := scanCommands(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list commands: %w", err)
+	}
+	return out, nil
+}
+
+func scanCommands(rows *rows) ([]store.Command, error) {
+	defer rows.Close()
+	out := []store.Command{}
+	for rows.Next() {
+		var (
+			c          store.Command
+			created    int64
+			deliv, ack sql.NullInt64
+		)
+		if err := rows.Scan(&c.ID, &c.WorkerID, &c.Seq, &c.Kind, &c.Body, &created, &deliv, &ack); err != nil {
+			return nil, err
+		}
+		c.CreatedAt, c.DeliveredAt, c.AckedAt = fromMs(created), fromNullMs(deliv), fromNullMs(ack)
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,148 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"nymph/lakeshore/store"
+)
+
+// Exec implements store.Execs.
+func (db *DB) Exec(ctx context.Context, id string) (store.Exec, error) {
+	var (
+		e                 store.Exec
+		created           int64
+		started, finished sql.NullInt64
+	)
+	err := db.reader().QueryRow(ctx, `SELECT id, namespace, worker_id, command_id, command, stream, state, created_at,
+		started_at, finished_at, result, output_len FROM execs WHERE id = ?`, id).Scan(
+		&e.ID, &e.Namespace, &e.WorkerID, &e.CommandID, &e.Command, &e.Stream, &e.State, &created,
+		&started, &finished, &e.Result, &e.OutputLen)
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.Exec{}, notFound("exec", id)
+	}
+	if err != nil {
+		return store.Exec{}, fmt.Errorf("read exec %s: %w", id, err)
+	}
+	e.CreatedAt, e.StartedAt, e.FinishedAt = fromMs(created), fromNullMs(started), fromNullMs(finished)
+	return e, nil
+}
+
+// AppendOutput implements store.Execs.
+func (db *DB) AppendOutput(ctx context.Context, id string, data []byte) (int64, error) {
+	var total int64
+	err := db.tx(ctx, func(tx querier) error {
+		// The row lock orders appends from concurrent requests: each chunk
+		// starts where the previous one ended.
+		err := tx.QueryRow(ctx, `SELECT output_len FROM execs WHERE id = ?`+tx.d.ForUpdate, id).Scan(&total)
+		if errors.Is(err, sql.ErrNoRows) {
+			return notFound("exec", id)
+		}
+		if err != nil {
+			return err
+		}
+		if len(data) == 0 {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO exec_output (exec_id, start, size, data) VALUES (?, ?, ?, ?)`,
+			id, total, len(data), data); err != nil {
+			return err
+		}
+		total += int64(len(data))
+		_, err = tx.Exec(ctx, `UPDATE execs SET output_len = ? WHERE id = ?`, total, id)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("append output of %s: %w", id, err)
+	}
+	return total, nil
+}
+
+// Output implements store.Execs.
+func (db *DB) Output(ctx context.Context, id string, offset int64, max int) ([]byte, error) {
+	if max <= 0 {
+		return []byte{}, nil
+	}
+	rows, err := db.reader().Query(ctx, `SELECT start, data FROM exec_output WHERE exec_id = ? AND start + size > ? ORDER BY start`, id, offset)
+	if err != nil {
+		return nil, fmt.Errorf("read output of %s: %w", id, err)
+	}
+	defer rows.Close()
+	out := []byte{}
+	for rows.Next() && len(out) < max {
+		var (
+			start int64
+			data  []byte
+		)
+		if err := rows.Scan(&start, &data); err != nil {
+			return nil, fmt.Errorf("read output of %s: %w", id, err)
+		}
+		if skip := offset - start; skip > 0 {
+			if skip >= int64(len(data)) {
+				continue
+			}
+			data = data[skip:]
+		}
+		out = append(out, data[:min(len(data), max-len(out))]...)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read output of %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// FinishExec implements store.Execs.
+func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time.Time) (bool, error) {
+	var applied bool
+	err := db.tx(ctx, func(tx querier) error {
+		applied = false
+		var state string
+		err := tx.QueryRow(ctx, `SELECT state FROM execs WHERE id = ?`+tx.d.ForUpdate, id).Scan(&state)
+		if errors.Is(err, sql.ErrNoRows) {
+			return notFound("exec", id)
+		}
+		if err != nil {
+			return err
+		}
+		if state == store.ExecFinished {
+			return nil
+		}
+		applied = true
+		_, err = tx.Exec(ctx, `UPDATE execs SET state = ?, result = ?, finished_at = ?, started_at = COALESCE(started_at, ?)
+			WHERE id = ?`, store.ExecFinished, nonNilBytes(result), ms(now), ms(now), id)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("finish exec %s: %w", id, err)
+	}
+	return applied, nil
+}
+
+// OpenExecs implements store.Execs.
+func (db *DB) OpenExecs(ctx context.Context, namespace string) (map[string]int, error) {
+	rows, err := db.reader().Query(ctx, `SELECT worker_id, COUNT(*) FROM execs WHERE namespace = ? AND state IN (?, ?) GROUP BY worker_id`,
+		namespace, store.ExecQueued, store.ExecRunning)
+	if err != nil {
+		return nil, fmt.Errorf("count open execs: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var (
+			id string
+			n  int
+		)
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, fmt.Errorf("count open execs: %w", err)
+		}
+		out[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("count open execs: %w", err)
+	}
+	return out, nil
+}

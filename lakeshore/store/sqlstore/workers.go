@@ -1,0 +1,298 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"nymph/lakeshore/store"
+)
+
+const workerColumns = `w.id, w.namespace, w.machine_id, w.hello_label, w.label, w.state, w.tags, w.queues,
+	w.capabilities, w.versions, w.poll_queue, w.running, w.created_at, w.last_seen_at, w.hibernating_until,
+	w.last_seq, w.delivered_seq, w.acked_seq, w.queues_added, w.queues_removed,
+	(SELECT COUNT(*) FROM commands c WHERE c.worker_id = w.id AND c.kind = 'setup' AND c.acked_at IS NULL)`
+
+func scanWorker(row rowScanner) (store.Worker, error) {
+	var (
+		w                                   store.Worker
+		tags, queues, caps, versions, runng string
+		queuesAdded, queuesRemoved          string
+		created, seen                       int64
+		hib                                 sql.NullInt64
+	)
+	err := row.Scan(&w.ID, &w.Namespace, &w.MachineID, &w.HelloLabel, &w.Label, &w.State, &tags, &queues,
+		&caps, &versions, &w.PollQueue, &runng, &created, &seen, &hib,
+		&w.LastSeq, &w.DeliveredSeq, &w.AckedSeq, &queuesAdded, &queuesRemoved, &w.SetupPending)
+	if err != nil {
+		return store.Worker{}, err
+	}
+	w.CreatedAt, w.LastSeenAt, w.HibernatingUntil = fromMs(created), fromMs(seen), fromNullMs(hib)
+	if err := errors.Join(
+		decodeJSON(tags, &w.Tags), decodeJSON(queues, &w.Queues),
+		decodeJSON(caps, &w.Capabilities), decodeJSON(runng, &w.Running),
+	); err != nil {
+		return store.Worker{}, fmt.Errorf("worker %s: %w", w.ID, err)
+	}
+	w.Versions = json.RawMessage(versions)
+	if err := mergeQueueEdits(&w, queuesAdded, queuesRemoved); err != nil {
+		return store.Worker{}, err
+	}
+	normalizeWorker(&w)
+	return w, nil
+}
+
+func normalizeWorker(w *store.Worker) {
+	if w.Tags == nil {
+		w.Tags = []string{}
+	}
+	if w.Queues == nil {
+		w.Queues = []string{}
+	}
+	if w.Capabilities.Runners == nil {
+		w.Capabilities.Runners = []string{}
+	}
+	if w.Running == nil {
+		w.Running = []store.InvocationStatus{}
+	}
+	if len(w.Versions) == 0 {
+		w.Versions = json.RawMessage("{}")
+	}
+}
+
+func getWorker(ctx context.Context, q querier, namespace, id string) (store.Worker, error) {
+	query := `SELECT ` + workerColumns + ` FROM workers w WHERE w.id = ?`
+	args := []any{id}
+	if namespace != "" {
+		query += ` AND w.namespace = ?`
+		args = append(args, namespace)
+	}
+	w, err := scanWorker(q.QueryRow(ctx, query, args...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.Worker{}, notFound("worker", id)
+	}
+	if err != nil {
+		return store.Worker{}, fmt.Errorf("read worker %s: %w", id, err)
+	}
+	return w, nil
+}
+
+// lockWorker takes the worker's row lock, which every change to its command
+// sequence holds until commit.
+func lockWorker(ctx context.Context, tx querier, id string) error {
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM workers WHERE id = ?`+tx.d.ForUpdate, id).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return notFound("worker", id)
+	}
+	if err != nil {
+		return fmt.Errorf("lock worker %s: %w", id, err)
+	}
+	return nil
+}
+
+// Worker implements store.Workers.
+func (db *DB) Worker(ctx context.Context, namespace, id string) (store.Worker, error) {
+	return getWorker(ctx, db.reader(), namespace, id)
+}
+
+// ListWorkers implements store.Workers.
+func (db *DB) ListWorkers(ctx context.Context, namespace string) ([]store.Worker, error) {
+	return listWorkers(ctx, db.reader(), namespace)
+}
+
+func listWorkers(ctx context.Context, q querier, namespace string) ([]store.Worker, error) {
+	rows, err := q.Query(ctx, `SELECT `+workerColumns+` FROM workers w WHERE w.namespace = ? ORDER BY w.label, w.id`, namespace)
+	if err != nil {
+		return nil, fmt.Errorf("list workers: %w", err)
+	}
+	defer rows.Close()
+	out := []store.Worker{}
+	for rows.Next() {
+		w, err := scanWorker(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list workers: %w", err)
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list workers: %w", err)
+	}
+	return out, nil
+}
+
+// Hello implements store.Workers.
+func (db *DB) Hello(ctx context.Context, h store.Hello) (store.Worker, bool, error) {
+	var (
+		out     store.Worker
+		created bool
+	)
+	tags, err1 := encodeJSON(nonNil(h.Tags))
+	queues, err2 := encodeJSON(nonNil(h.Queues))
+	caps := h.Capabilities
+	caps.Runners = nonNil(caps.Runners)
+	capsJSON, err3 := encodeJSON(caps)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return store.Worker{}, false, fmt.Errorf("hello: encode: %w", err)
+	}
+	versions := string(h.Versions)
+	if versions == "" {
+		versions = "{}"
+	}
+	label := h.Label
+	if label == "" {
+		label = h.NewID
+	}
+	err := db.tx(ctx, func(tx querier) error {
+		// Two replicas may see the same daemon's hello at once: the insert
+		// that loses the unique race finds the winner's row and refreshes it.
+		n, err := tx.affected(ctx, `INSERT INTO workers (id, namespace, machine_id, hello_label, label, state, tags, queues,
+			capabilities, versions, created_at, last_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (namespace, machine_id, hello_label) DO NOTHING`,
+			h.NewID, h.Namespace, h.MachineID, h.Label, label, store.StateActive, tags, queues, capsJSON, versions, ms(h.Now), ms(h.Now))
+		if err != nil {
+			return fmt.Errorf("insert worker: %w", err)
+		}
+		created = n == 1
+		id := h.NewID
+		if !created {
+			err = tx.QueryRow(ctx, `UPDATE workers SET tags = ?, queues = ?, capabilities = ?, versions = ?, last_seen_at = ?,
+				hibernating_until = NULL,
+				state = CASE WHEN EXISTS (SELECT 1 FROM commands c WHERE c.worker_id = workers.id AND c.kind = 'setup' AND c.acked_at IS NULL)
+					THEN 'setting_up' ELSE 'active' END
+				WHERE namespace = ? AND machine_id = ? AND hello_label = ? RETURNING id`,
+				tags, queues, capsJSON, versions, ms(h.Now), h.Namespace, h.MachineID, h.Label).Scan(&id)
+			if err != nil {
+				return fmt.Errorf("update worker: %w", err)
+			}
+		}
+		out, err = getWorker(ctx, tx, "", id)
+		return err
+	})
+	if err != nil {
+		return store.Worker{}, false, fmt.Errorf("hello: %w", err)
+	}
+	return out, created, nil
+}
+
+// RecordPoll implements store.Workers.
+func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error) {
+	running, err := encodeJSON(nonNilStatus(p.Running))
+	if err != nil {
+		return store.Worker{}, fmt.Errorf("poll: encode running: %w", err)
+	}
+	var caps any
+	if p.UpdatedCapabilities != nil {
+		c := *p.UpdatedCapabilities
+		c.Runners = nonNil(c.Runners)
+		s, err := encodeJSON(c)
+		if err != nil {
+			return store.Worker{}, fmt.Errorf("poll: encode capabilities: %w", err)
+		}
+		caps = s
+	}
+	var out store.Worker
+	err = db.tx(ctx, func(tx querier) error {
+		var delivered int64
+		err := tx.QueryRow(ctx, `UPDATE workers SET last_seen_at = ?, poll_queue = ?, running = ?,
+			capabilities = COALESCE(CAST(? AS TEXT), capabilities),
+			hibernating_until = CASE WHEN hibernating_until IS NOT NULL AND hibernating_until <= ? THEN NULL ELSE hibernating_until END
+			WHERE id = ? RETURNING delivered_seq`, ms(p.Now), p.Queue, running, caps, ms(p.Now), p.WorkerID).Scan(&delivered)
+		if errors.Is(err, sql.ErrNoRows) {
+			return notFound("worker", p.WorkerID)
+		}
+		if err != nil {
+			return fmt.Errorf("update worker: %w", err)
+		}
+		if p.Cursor != nil {
+			if err := ackThrough(ctx, tx, p.WorkerID, min(*p.Cursor, delivered), p.Now); err != nil {
+				return err
+			}
+		}
+		_, err = tx.Exec(ctx, `UPDATE workers SET state = 'active' WHERE id = ? AND (state = 'joining' OR (state = 'setting_up'
+			AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.worker_id = workers.id AND c.kind = 'setup' AND c.acked_at IS NULL)))`, p.WorkerID)
+		if err != nil {
+			return fmt.Errorf("settle state: %w", err)
+		}
+		out, err = getWorker(ctx, tx, "", p.WorkerID)
+		return err
+	})
+	if err != nil {
+		return store.Worker{}, fmt.Errorf("poll: %w", err)
+	}
+	return out, nil
+}
+
+// ackThrough acknowledges every command up to c, which the caller clamped to
+// the highest sequence ever delivered (read in the same statement that took
+// the worker's row), so a bogus or stale cursor never acknowledges a
+// command not yet sent.
+func ackThrough(ctx context.Context, tx querier, workerID string, c int64, now time.Time) error {
+	if c <= 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `UPDATE commands SET acked_at = ?, delivered_at = COALESCE(delivered_at, ?)
+		WHERE worker_id = ? AND seq <= ? AND acked_at IS NULL`, ms(now), ms(now), workerID, c); err != nil {
+		return fmt.Errorf("ack commands: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE workers SET acked_seq = ? WHERE id = ? AND acked_seq < ?`, c, workerID, c); err != nil {
+		return fmt.Errorf("ack seq: %w", err)
+	}
+	return nil
+}
+
+// DeleteWorker implements store.Workers.
+func (db *DB) DeleteWorker(ctx context.Context, namespace, id string) error {
+	err := db.tx(ctx, func(tx querier) error {
+		n, err := tx.affected(ctx, `DELETE FROM workers WHERE id = ? AND namespace = ?`, id, namespace)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return notFound("worker", id)
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM commands WHERE worker_id = ?`, id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("delete worker: %w", err)
+	}
+	return nil
+}
+
+// DeleteWorkersSeenBefore implements store.Workers.
+func (db *DB) DeleteWorkersSeenBefore(ctx context.Context, namespace string, t time.Time) ([]string, error) {
+	var ids []string
+	err := db.tx(ctx, func(tx querier) error {
+		rows, err := tx.Query(ctx, `DELETE FROM workers WHERE namespace = ? AND last_seen_at < ? RETURNING id`, namespace, ms(t))
+		if err != nil {
+			return err
+		}
+		ids, err = collectStrings(rows)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			if _, err := tx.Exec(ctx, `DELETE FROM commands WHERE worker_id = ?`, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("delete workers seen before %s: %w", t.Format(time.RFC3339), err)
+	}
+	slices.Sort(ids)
+	return nonNil(ids), nil
+}
+
+func nonNilStatus(s []store.InvocationStatus) []store.InvocationStatus {
+	if s == nil {
+		return []store.InvocationStatus{}
+	}
+	return s
+}

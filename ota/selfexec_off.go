@@ -1,5 +1,0 @@
-//go:build nymph_no_self_exec
-
-package ota
-
-const selfExecBuild = "false"
