@@ -48,22 +48,13 @@ func Mark(marker string) error {
 // vanish meanwhile, or whose environment cannot be read (another user's),
 // are skipped.
 func Reap(procRoot, marker string) ([]int, error) {
-	entries, err := os.ReadDir(procRoot)
+	// A zombie leader still names its group, whose members may live on.
+	pids, err := scan(procRoot, EnvVar+"="+marker, true)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", procRoot, err)
+		return nil, err
 	}
-	want := []byte(EnvVar + "=" + marker)
-	self := os.Getpid()
 	var killed []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self || pid <= 1 {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "environ"))
-		if err != nil || !hasEntry(env, want) {
-			continue
-		}
+	for _, pid := range pids {
 		// A job leads its own process group; kill the group so helpers
 		// it started go too, then the process itself in case it is not
 		// a leader.
@@ -76,6 +67,47 @@ func Reap(procRoot, marker string) ([]int, error) {
 		killed = append(killed, pid)
 	}
 	return killed, nil
+}
+
+// WithEnv lists the live (not zombie) processes under procRoot, other than
+// this one and init, whose initial environment holds the exact entry kv
+// ("KEY=VALUE"). Processes that vanish meanwhile, or whose environment
+// cannot be read, are skipped.
+func WithEnv(procRoot, kv string) ([]int, error) {
+	return scan(procRoot, kv, false)
+}
+
+func scan(procRoot, kv string, withZombies bool) ([]int, error) {
+	entries, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", procRoot, err)
+	}
+	want := []byte(kv)
+	self := os.Getpid()
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self || pid <= 1 {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "environ"))
+		if err != nil || !hasEntry(env, want) || !withZombies && zombie(filepath.Join(procRoot, e.Name(), "stat")) {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out, nil
+}
+
+// zombie reports whether the process whose stat file is at path has exited
+// and waits to be reaped (state Z, after the parenthesised command name).
+func zombie(path string) bool {
+	stat, err := os.ReadFile(path)
+	if err != nil {
+		return true // gone
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
 // hasEntry reports whether the NUL-separated environment block env holds

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"nymph/atomicfile"
 )
 
 // Environment variables lakeshore reads.
@@ -76,23 +78,7 @@ func WriteCredentials(path string, c Credentials) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".credentials-*.json")
-	if err != nil {
-		return fmt.Errorf("write credentials: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write credentials: %w", err)
-	}
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write credentials: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write credentials: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := atomicfile.Write(path, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("write credentials: %w", err)
 	}
 	return nil
