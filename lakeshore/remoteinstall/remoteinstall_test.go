@@ -11,9 +11,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"nymph/config"
 	"nymph/lakeshore/remoteinstall"
+	"nymph/test/wait"
 )
 
 // fakeNymph answers `version` and, for `run`, prints its arguments and
@@ -260,12 +262,13 @@ func TestSetupStartsDetached(t *testing.T) {
 	// which proves the exact command line and environment.
 	want := "run [--config] [" + l.Config() + "] env=a b'c"
 	var state, tail string
-	for range 200 { // the detached child may not have written yet
+	// The detached child may not have written or exited yet; on a busy
+	// machine that takes a while, so the wait is bounded by time, not by
+	// a count of status calls.
+	wait.Until(20*time.Second, func() bool {
 		state, tail = statusOf(t, r, false)
-		if strings.Contains(tail, want) && state == "exited" {
-			break
-		}
-	}
+		return strings.Contains(tail, want) && state == "exited"
+	})
 	if state != "exited" || !strings.Contains(tail, want) {
 		t.Fatalf("status %q, log tail %q; want it to contain %q", state, tail, want)
 	}
