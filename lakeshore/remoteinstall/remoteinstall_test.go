@@ -12,9 +12,11 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"nymph/config"
 	"nymph/lakeshore/remoteinstall"
+	"nymph/test/wait"
 )
 
 // fakeNymph answers `version` and, for `run`, prints its arguments and
@@ -273,12 +275,10 @@ func TestSetupStartsDetached(t *testing.T) {
 	// which proves the exact command line and environment.
 	want := "run [--config] [" + l.Config() + "] env=a b'c"
 	var state, tail string
-	for range 200 { // the detached child may not have written yet
+	wait.Until(10*time.Second, func() bool { // the detached child may not have written yet
 		state, tail = statusOf(t, r, false)
-		if strings.Contains(tail, want) && state == "exited" {
-			break
-		}
-	}
+		return strings.Contains(tail, want) && state == "exited"
+	})
 	if state != "exited" || !strings.Contains(tail, want) {
 		t.Fatalf("status %q, log tail %q; want it to contain %q", state, tail, want)
 	}
