@@ -3,10 +3,11 @@
 // file, the key and what is wrong), `~` expansion, and the queue override
 // from --queue or DREAMLAKE_QUEUE.
 //
-// The file is decoded into a generic tree first and then read key by key, so
-// a wrong type on one key does not hide the problems of the others. Unknown
-// keys are not fatal (a newer installer may write keys an older daemon does
-// not know); they come back as Warnings for the caller to log.
+// The file is decoded by github.com/BurntSushi/toml through the struct tags
+// of Config, one key at a time, so a wrong type on one key does not hide the
+// problems of the others. Unknown keys (what MetaData.Undecoded lists) are
+// not fatal (a newer installer may write keys an older daemon does not
+// know); they come back as Warnings for the caller to log.
 //
 // How each runner kind reaches its backend is set in its own table, all
 // optional; every table also takes kill_grace_s (seconds between SIGTERM
@@ -43,8 +44,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/BurntSushi/toml"
@@ -56,131 +57,135 @@ const EnvQueue = "DREAMLAKE_QUEUE"
 // RunnerKinds are the runner kinds nymph knows.
 var RunnerKinds = []string{"process", "python", "docker", "gvisor", "slurm", "echo"}
 
-// Config is nymph's whole configuration.
+// Config is nymph's whole configuration. The toml tags are the file's
+// keys, for decoding here and for whoever writes a file (lakeshore's
+// remote install encodes this struct).
 type Config struct {
 	// Path is the file the configuration was read from.
-	Path     string
-	Server   Server
-	Daemon   Daemon
-	Poll     Poll
-	Runtime  Runtime
-	Identity Identity
-	Log      Log
-	Runners  Runners
+	Path     string   `toml:"-"`
+	Server   Server   `toml:"server"`
+	Daemon   Daemon   `toml:"daemon"`
+	Poll     Poll     `toml:"poll"`
+	Runtime  Runtime  `toml:"runtime"`
+	Identity Identity `toml:"identity"`
+	Log      Log      `toml:"log"`
+	Runners  Runners  `toml:"runners"`
 	// Warnings are non-fatal findings, such as unknown keys.
-	Warnings []string
+	Warnings []string `toml:"-"`
 }
 
 // Server is the [server] section: where the control plane is and how to
 // authenticate to it.
 type Server struct {
-	URL       string
-	TokenFile string
-	CAFile    string
+	URL       string `toml:"url"`
+	TokenFile string `toml:"token_file"`
+	CAFile    string `toml:"ca_file"`
 }
 
 // Daemon is the [daemon] section: how this host presents itself.
 type Daemon struct {
 	// MachineID "auto" means the hostname.
-	MachineID string
-	Label     string
-	Tags      []string
-	Lanes     []string
-	Queue     string
+	MachineID string   `toml:"machine_id"`
+	Label     string   `toml:"label"`
+	Tags      []string `toml:"tags"`
+	Lanes     []string `toml:"lanes"`
+	Queue     string   `toml:"queue"`
 }
 
 // Poll is the [poll] section, in seconds.
 type Poll struct {
-	WaitMaxS  float64
-	RetryMinS float64
-	RetryMaxS float64
+	WaitMaxS  float64 `toml:"wait_max_s"`
+	RetryMinS float64 `toml:"retry_min_s"`
+	RetryMaxS float64 `toml:"retry_max_s"`
 }
 
 // Runtime is the [runtime] section.
 type Runtime struct {
 	// MaxInvocations bounds concurrent execs and runs; 0 is unbounded.
-	MaxInvocations int
-	DefaultRunner  string
-	Runners        []string
-	Workdir        string
+	MaxInvocations int      `toml:"max_invocations"`
+	DefaultRunner  string   `toml:"default_runner"`
+	Runners        []string `toml:"runners"`
+	Workdir        string   `toml:"workdir"`
 	// KeepAliveS is the idle policy: -1 never exits on idle, 0 exits after
 	// the first job, N exits after N idle seconds.
-	KeepAliveS     int
-	ShutdownGraceS float64
+	KeepAliveS     int     `toml:"keep_alive_s"`
+	ShutdownGraceS float64 `toml:"shutdown_grace_s"`
 	// AutoUpdate follows the control plane's target_nymph_version: a poll
 	// response naming another version installs it from the control plane's
 	// own release store, at most once per AutoUpdateCheckIntervalS (tried,
 	// not succeeded: a missing release is not retried any sooner).
-	AutoUpdate               bool
-	AutoUpdateCheckIntervalS int
+	AutoUpdate               bool `toml:"auto_update"`
+	AutoUpdateCheckIntervalS int  `toml:"auto_update_check_interval_s"`
 }
 
 // Identity is the [identity] section (request signing).
 type Identity struct {
-	Enabled         bool
-	KeyFile         string
-	EnrollTokenFile string
+	Enabled         bool   `toml:"enabled"`
+	KeyFile         string `toml:"key_file"`
+	EnrollTokenFile string `toml:"enroll_token_file"`
 }
 
-// Runners holds the [runners.<kind>] tables. The echo runner has no
-// settings.
+// Runners holds the [runners.<kind>] tables, one field per RunnerKinds
+// entry.
 type Runners struct {
-	Process ProcessRunner
-	Python  PythonRunner
-	Docker  DockerRunner
-	Gvisor  GvisorRunner
-	Slurm   SlurmRunner
+	Process ProcessRunner `toml:"process"`
+	Python  PythonRunner  `toml:"python"`
+	Docker  DockerRunner  `toml:"docker"`
+	Gvisor  GvisorRunner  `toml:"gvisor"`
+	Slurm   SlurmRunner   `toml:"slurm"`
+	// Echo has no settings; the field makes [runners.echo] a known table.
+	Echo struct{} `toml:"echo"`
 }
 
 // ProcessRunner is [runners.process].
 type ProcessRunner struct {
-	KillGraceS float64
+	KillGraceS float64 `toml:"kill_grace_s"`
 }
 
 // PythonRunner is [runners.python].
 type PythonRunner struct {
 	// Python is the interpreter: a path or a name looked up in PATH.
-	Python     string
-	KillGraceS float64
+	Python     string  `toml:"python"`
+	KillGraceS float64 `toml:"kill_grace_s"`
 }
 
 // DockerRunner is [runners.docker].
 type DockerRunner struct {
 	// CLI is the docker-compatible CLI: docker, podman, or a path.
-	CLI string
+	CLI string `toml:"cli"`
 	// GlobalArgs go before every subcommand, RunArgs after `run`.
-	GlobalArgs []string
-	RunArgs    []string
+	GlobalArgs []string `toml:"global_args"`
+	RunArgs    []string `toml:"run_args"`
 	// Shell runs scripts inside the image.
-	Shell      string
-	KillGraceS float64
+	Shell      string  `toml:"shell"`
+	KillGraceS float64 `toml:"kill_grace_s"`
 }
 
 // GvisorRunner is [runners.gvisor].
 type GvisorRunner struct {
-	Runsc string
+	Runsc string `toml:"runsc"`
 	// GlobalArgs are runsc flags put before `do`.
-	GlobalArgs []string
+	GlobalArgs []string `toml:"global_args"`
 	// StateRoot is where per-run runsc state directories are made; empty
 	// is the system temp dir.
-	StateRoot string
+	StateRoot string `toml:"state_root"`
 	// CLI, when set, runs invocations that name an image through that
 	// container CLI with ContainerGlobalArgs and ContainerRunArgs, which
 	// must select runsc as the runtime.
-	CLI                 string
-	ContainerGlobalArgs []string
-	ContainerRunArgs    []string
-	KillGraceS          float64
+	CLI                 string   `toml:"cli"`
+	ContainerGlobalArgs []string `toml:"container_global_args"`
+	ContainerRunArgs    []string `toml:"container_run_args"`
+	KillGraceS          float64  `toml:"kill_grace_s"`
 }
 
 // SlurmRunner is [runners.slurm].
 type SlurmRunner struct {
-	SrunArgs []string
+	SrunArgs []string `toml:"srun_args"`
 	// Env holds KEY=VALUE entries for every SLURM command.
-	Env []string
+	Env []string `toml:"env"`
 	// BinDir is where srun, scancel and squeue are; empty is PATH.
-	BinDir     string
-	KillGraceS float64
+	BinDir     string  `toml:"bin_dir"`
+	KillGraceS float64 `toml:"kill_grace_s"`
 }
 
 // DefaultKillGraceS is every runner's default kill_grace_s.
@@ -189,9 +194,9 @@ const DefaultKillGraceS = 5
 // Log is the [log] section.
 type Log struct {
 	// Level is trace, debug, info, warn or error.
-	Level string
+	Level string `toml:"level"`
 	// Format is auto (console on a terminal, JSON otherwise), json or console.
-	Format string
+	Format string `toml:"format"`
 }
 
 // Default returns the configuration of an empty file.
@@ -236,14 +241,16 @@ func Load(path string) (*Config, error) {
 // Parse decodes and validates data as if read from path, expanding `~` to
 // home. Every problem found is reported, joined with errors.Join.
 func Parse(path string, data []byte, home string) (*Config, error) {
-	var tree map[string]any
-	if _, err := toml.Decode(string(data), &tree); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	r := reader{path: path}
 	c := Default()
 	c.Path = path
-	r.read(tree, &c)
+	r := reader{path: path}
+	keys := mirror(reflect.TypeFor[Config]())
+	md, err := toml.Decode(string(data), keys.Addr().Interface())
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	r.assign(&md, nil, keys, reflect.ValueOf(&c).Elem())
+	r.unknown(md.Undecoded())
 	r.validate(&c)
 	if len(r.errs) > 0 {
 		return nil, errors.Join(r.errs...)
@@ -311,8 +318,7 @@ func resolveBin(p, home, base string) string {
 	return resolvePath(p, home, base)
 }
 
-// reader walks the decoded tree, assigning known keys and collecting every
-// problem it meets.
+// reader decodes the file key by key, collecting every problem it meets.
 type reader struct {
 	path     string
 	errs     []error
@@ -323,134 +329,111 @@ func (r *reader) fail(key, format string, args ...any) {
 	r.errs = append(r.errs, fmt.Errorf("config %s: %s: %s", r.path, key, fmt.Sprintf(format, args...)))
 }
 
-type field struct {
-	key    string
-	assign func(r *reader, full string, v any)
+func (r *reader) warn(key, format string, args ...any) {
+	r.warnings = append(r.warnings, fmt.Sprintf("config %s: %s: %s", r.path, key, fmt.Sprintf(format, args...)))
 }
 
-func (r *reader) read(tree map[string]any, c *Config) {
-	sections := map[string][]field{
-		"server": {
-			str("url", &c.Server.URL),
-			str("token_file", &c.Server.TokenFile),
-			str("ca_file", &c.Server.CAFile),
-		},
-		"daemon": {
-			str("machine_id", &c.Daemon.MachineID),
-			str("label", &c.Daemon.Label),
-			strList("tags", &c.Daemon.Tags),
-			strList("lanes", &c.Daemon.Lanes),
-			str("queue", &c.Daemon.Queue),
-		},
-		"poll": {
-			num("wait_max_s", &c.Poll.WaitMaxS),
-			num("retry_min_s", &c.Poll.RetryMinS),
-			num("retry_max_s", &c.Poll.RetryMaxS),
-		},
-		"runtime": {
-			integer("max_invocations", &c.Runtime.MaxInvocations),
-			str("default_runner", &c.Runtime.DefaultRunner),
-			strList("runners", &c.Runtime.Runners),
-			str("workdir", &c.Runtime.Workdir),
-			integer("keep_alive_s", &c.Runtime.KeepAliveS),
-			num("shutdown_grace_s", &c.Runtime.ShutdownGraceS),
-			boolean("auto_update", &c.Runtime.AutoUpdate),
-			integer("auto_update_check_interval_s", &c.Runtime.AutoUpdateCheckIntervalS),
-		},
-		"identity": {
-			boolean("enabled", &c.Identity.Enabled),
-			str("key_file", &c.Identity.KeyFile),
-			str("enroll_token_file", &c.Identity.EnrollTokenFile),
-		},
-		"log": {
-			str("level", &c.Log.Level),
-			str("format", &c.Log.Format),
-		},
+// tableName and keyName are how messages name a table and a key in one:
+// "[runners.docker]", "[runners.docker] cli".
+func tableName(k toml.Key) string { return "[" + strings.Join(k, ".") + "]" }
+func keyName(k toml.Key) string   { return tableName(k[:len(k)-1]) + " " + k[len(k)-1] }
+
+// mirror returns a new struct holding a toml.Primitive for each tagged
+// field of the struct type t, in key order. Decoding a table into it marks
+// only t's keys as decoded (the others stay in MetaData.Undecoded) and
+// holds each value back to be decoded on its own.
+func mirror(t reflect.Type) reflect.Value {
+	var fields []reflect.StructField
+	for f := range t.Fields() {
+		if f.Tag.Get("toml") != "-" {
+			fields = append(fields, reflect.StructField{Name: f.Name, Type: reflect.TypeFor[toml.Primitive](), Tag: f.Tag})
+		}
 	}
-	for _, name := range sortedKeys(tree) {
-		if name == "runners" {
-			r.readRunners(tree[name], &c.Runners)
-			continue
-		}
-		fields, known := sections[name]
-		if !known {
-			r.warnings = append(r.warnings, fmt.Sprintf("config %s: [%s]: unknown section, ignored", r.path, name))
-			continue
-		}
-		table, ok := tree[name].(map[string]any)
-		if !ok {
-			r.fail("["+name+"]", "must be a table, got %s", typeName(tree[name]))
-			continue
-		}
-		r.readTable(name, table, fields)
-	}
+	slices.SortFunc(fields, func(a, b reflect.StructField) int { return strings.Compare(a.Tag.Get("toml"), b.Tag.Get("toml")) })
+	return reflect.New(reflect.StructOf(fields)).Elem()
 }
 
-func (r *reader) readTable(name string, table map[string]any, fields []field) {
-	for _, key := range sortedKeys(table) {
-		full := "[" + name + "] " + key
-		i := slices.IndexFunc(fields, func(f field) bool { return f.key == key })
-		if i < 0 {
-			r.warnings = append(r.warnings, fmt.Sprintf("config %s: %s: unknown key, ignored", r.path, full))
+// assign decodes every value the file has in keys (a mirror of dst, the
+// table at key table) into its field of dst, one at a time, so that a
+// wrong type on one key does not hide the problems of the others.
+func (r *reader) assign(md *toml.MetaData, table toml.Key, keys, dst reflect.Value) {
+	for i := range keys.NumField() {
+		k := keys.Type().Field(i)
+		if keys.Field(i).IsZero() {
+			continue // not in the file
+		}
+		p := keys.Field(i).Interface().(toml.Primitive)
+		key := append(slices.Clip(table), k.Tag.Get("toml"))
+		f := dst.FieldByName(k.Name)
+		if f.Kind() == reflect.Struct {
+			sub := mirror(f.Type())
+			if err := md.PrimitiveDecode(p, sub.Addr().Interface()); err != nil {
+				what := "a table"
+				if f.Type() == reflect.TypeFor[Runners]() {
+					what = "a table of [runners.<kind>] tables"
+				}
+				r.fail(tableName(key), "must be %s, got %s", what, typeName(value(md, p)))
+				continue
+			}
+			r.assign(md, key, sub, f)
 			continue
 		}
-		fields[i].assign(r, full, table[key])
+		v := reflect.New(f.Type()).Elem()
+		err := md.PrimitiveDecode(p, v.Addr().Interface())
+		raw := value(md, p)
+		n, isInt := raw.(int64)
+		switch {
+		case err == nil && v.Kind() == reflect.Int && n != int64(int32(n)):
+			r.fail(keyName(key), "%d is out of range", n)
+		case err == nil:
+			f.Set(v)
+		case v.Kind() == reflect.Float64 && isInt:
+			// toml refuses integers a float64 cannot hold exactly; nymph
+			// has always taken them rounded.
+			f.SetFloat(float64(n))
+		default:
+			r.fail(keyName(key), "%s", mismatch(v.Kind(), raw))
+		}
 	}
 }
 
-// readRunners reads the [runners.<kind>] tables.
-func (r *reader) readRunners(v any, rn *Runners) {
-	tables, ok := v.(map[string]any)
-	if !ok {
-		r.fail("[runners]", "must be a table of [runners.<kind>] tables, got %s", typeName(v))
-		return
-	}
-	kinds := map[string][]field{
-		"process": {
-			num("kill_grace_s", &rn.Process.KillGraceS),
-		},
-		"python": {
-			str("python", &rn.Python.Python),
-			num("kill_grace_s", &rn.Python.KillGraceS),
-		},
-		"docker": {
-			str("cli", &rn.Docker.CLI),
-			strList("global_args", &rn.Docker.GlobalArgs),
-			strList("run_args", &rn.Docker.RunArgs),
-			str("shell", &rn.Docker.Shell),
-			num("kill_grace_s", &rn.Docker.KillGraceS),
-		},
-		"gvisor": {
-			str("runsc", &rn.Gvisor.Runsc),
-			strList("global_args", &rn.Gvisor.GlobalArgs),
-			str("state_root", &rn.Gvisor.StateRoot),
-			str("cli", &rn.Gvisor.CLI),
-			strList("container_global_args", &rn.Gvisor.ContainerGlobalArgs),
-			strList("container_run_args", &rn.Gvisor.ContainerRunArgs),
-			num("kill_grace_s", &rn.Gvisor.KillGraceS),
-		},
-		"slurm": {
-			strList("srun_args", &rn.Slurm.SrunArgs),
-			strList("env", &rn.Slurm.Env),
-			str("bin_dir", &rn.Slurm.BinDir),
-			num("kill_grace_s", &rn.Slurm.KillGraceS),
-		},
-		"echo": {},
-	}
-	for _, kind := range sortedKeys(tables) {
-		name := "runners." + kind
-		fields, known := kinds[kind]
-		if !known {
-			r.warnings = append(r.warnings, fmt.Sprintf("config %s: [%s]: unknown runner kind (known: %s), ignored", r.path, name, strings.Join(RunnerKinds, ", ")))
+// unknown warns of the keys nothing decoded, each named by its outermost
+// unknown part: [extra] for a key of [extra.a], [server] sub for one of
+// [server.sub].
+func (r *reader) unknown(keys []toml.Key) {
+	slices.SortFunc(keys, slices.Compare)
+	var last toml.Key
+	for _, k := range keys {
+		t, n := reflect.TypeFor[Config](), 1
+		for ; n < len(k); n++ {
+			f, ok := fieldByKey(t, k[n-1])
+			if !ok || f.Type.Kind() != reflect.Struct {
+				break
+			}
+			t = f.Type
+		}
+		if k = k[:n]; slices.Equal(k, last) {
 			continue
 		}
-		table, ok := tables[kind].(map[string]any)
-		if !ok {
-			r.fail("["+name+"]", "must be a table, got %s", typeName(tables[kind]))
-			continue
+		last = k
+		switch t {
+		case reflect.TypeFor[Config]():
+			r.warn(tableName(k), "unknown section, ignored")
+		case reflect.TypeFor[Runners]():
+			r.warn(tableName(k), "unknown runner kind (known: %s), ignored", strings.Join(RunnerKinds, ", "))
+		default:
+			r.warn(keyName(k), "unknown key, ignored")
 		}
-		r.readTable(name, table, fields)
 	}
+}
+
+func fieldByKey(t reflect.Type, key string) (reflect.StructField, bool) {
+	for f := range t.Fields() {
+		if f.Tag.Get("toml") == key {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
 }
 
 func (r *reader) validate(c *Config) {
@@ -595,74 +578,35 @@ func (r *reader) checkFiles(c *Config) {
 	}
 }
 
-func str(key string, dst *string) field {
-	return field{key, func(r *reader, full string, v any) {
-		s, ok := v.(string)
-		if !ok {
-			r.fail(full, "must be a string, got %s", typeName(v))
-			return
-		}
-		*dst = s
-	}}
+// value is p as decoded without a destination type, for messages.
+func value(md *toml.MetaData, p toml.Primitive) any {
+	var v any
+	_ = md.PrimitiveDecode(p, &v)
+	return v
 }
 
-func strList(key string, dst *[]string) field {
-	return field{key, func(r *reader, full string, v any) {
-		list, ok := v.([]any)
-		if !ok {
-			r.fail(full, "must be a list of strings, got %s", typeName(v))
-			return
+// mismatch says why v did not decode into a field of kind k.
+func mismatch(k reflect.Kind, v any) string {
+	switch k {
+	case reflect.String:
+		return "must be a string, got " + typeName(v)
+	case reflect.Int:
+		return "must be an integer, got " + typeName(v)
+	case reflect.Bool:
+		return "must be true or false, got " + typeName(v)
+	case reflect.Float64:
+		return "must be a number, got " + typeName(v)
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return "must be a list of strings, got " + typeName(v)
+	}
+	for i, e := range list {
+		if _, ok := e.(string); !ok {
+			return fmt.Sprintf("entry %d must be a string, got %s", i, typeName(e))
 		}
-		out := make([]string, 0, len(list))
-		for i, e := range list {
-			s, ok := e.(string)
-			if !ok {
-				r.fail(full, "entry %d must be a string, got %s", i, typeName(e))
-				return
-			}
-			out = append(out, s)
-		}
-		*dst = out
-	}}
-}
-
-func num(key string, dst *float64) field {
-	return field{key, func(r *reader, full string, v any) {
-		switch n := v.(type) {
-		case int64:
-			*dst = float64(n)
-		case float64:
-			*dst = n
-		default:
-			r.fail(full, "must be a number, got %s", typeName(v))
-		}
-	}}
-}
-
-func integer(key string, dst *int) field {
-	return field{key, func(r *reader, full string, v any) {
-		n, ok := v.(int64)
-		if !ok {
-			r.fail(full, "must be an integer, got %s", typeName(v))
-			return
-		}
-		if n > 1<<31-1 || n < -(1<<31) {
-			r.fail(full, "%d is out of range", n)
-			return
-		}
-		*dst = int(n)
-	}}
-}
-
-func boolean(key string, dst *bool) field {
-	return field{key, func(r *reader, full string, v any) {
-		b, ok := v.(bool)
-		if !ok {
-			r.fail(full, "must be true or false, got %s", typeName(v))
-			return
-		}
-		*dst = b
-	}}
+	}
+	return fmt.Sprintf("cannot hold %s", typeName(v))
 }
 
 func typeName(v any) string {
@@ -682,13 +626,4 @@ func typeName(v any) string {
 	default:
 		return fmt.Sprintf("%T", v)
 	}
-}
-
-func sortedKeys(m map[string]any) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

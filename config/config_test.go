@@ -383,3 +383,32 @@ x = 1
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// Every runner kind has its [runners.<kind>] table in Runners, and no
+// table is for a kind RunnerKinds does not know.
+func TestRunnersHasATablePerKind(t *testing.T) {
+	var tables []string
+	for f := range reflect.TypeFor[config.Runners]().Fields() {
+		tables = append(tables, f.Tag.Get("toml"))
+	}
+	if !reflect.DeepEqual(tables, config.RunnerKinds) {
+		t.Fatalf("Runners tables %q, RunnerKinds %q", tables, config.RunnerKinds)
+	}
+}
+
+func TestUnknownKeysNamedByTheirOutermostUnknownPart(t *testing.T) {
+	c, err := config.Parse("/c.toml", []byte("[server]\nurl = \"http://h\"\n[server.sub.deeper]\nx = 1\n[extra.a]\nb = 1\n"+
+		"[runners.echo]\ny = 1\n[runners.teleport.z]\nq = 1\n"), "/h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"config /c.toml: [extra]: unknown section, ignored",
+		"config /c.toml: [runners.echo] y: unknown key, ignored",
+		"config /c.toml: [runners.teleport]: unknown runner kind (known: process, python, docker, gvisor, slurm, echo), ignored",
+		"config /c.toml: [server] sub: unknown key, ignored",
+	}
+	if !reflect.DeepEqual(c.Warnings, want) {
+		t.Fatalf("warnings\n%q\nwant\n%q", c.Warnings, want)
+	}
+}

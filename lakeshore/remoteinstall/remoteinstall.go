@@ -20,6 +20,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"nymph/config"
 )
 
 // Marker starts every line a script prints for the caller to read, as
@@ -84,37 +86,9 @@ type Spec struct {
 	KeepAliveS int
 }
 
-type fileConfig struct {
-	Server  fileServer  `toml:"server"`
-	Daemon  fileDaemon  `toml:"daemon"`
-	Runtime fileRuntime `toml:"runtime"`
-	Log     fileLog     `toml:"log"`
-}
-
-type fileServer struct {
-	URL       string `toml:"url"`
-	TokenFile string `toml:"token_file"`
-}
-
-type fileDaemon struct {
-	MachineID string   `toml:"machine_id"`
-	Label     string   `toml:"label"`
-	Tags      []string `toml:"tags"`
-}
-
-type fileRuntime struct {
-	DefaultRunner string   `toml:"default_runner"`
-	Runners       []string `toml:"runners"`
-	Workdir       string   `toml:"workdir"`
-	KeepAliveS    int      `toml:"keep_alive_s"`
-}
-
-type fileLog struct {
-	Level  string `toml:"level"`
-	Format string `toml:"format"`
-}
-
-// RenderConfig returns nymph's config file for spec in layout l.
+// RenderConfig returns nymph's config file for spec in layout l: nymph's
+// own config struct, defaults and all, encoded, so the keys cannot drift
+// from what nymph reads.
 func RenderConfig(l Layout, s Spec) (string, error) {
 	if l.Dir == "" || !path.IsAbs(l.Dir) {
 		return "", fmt.Errorf("launch directory %q: must be an absolute path", l.Dir)
@@ -128,20 +102,16 @@ func RenderConfig(l Layout, s Spec) (string, error) {
 	if len(s.Runners) == 0 {
 		return "", errors.New("runners: at least one runner kind is needed")
 	}
-	tags := s.Tags
-	if tags == nil {
-		tags = []string{}
-	}
-	fc := fileConfig{
-		Server:  fileServer{URL: s.ServerURL, TokenFile: l.TokenFile()},
-		Daemon:  fileDaemon{MachineID: "auto", Label: s.Label, Tags: tags},
-		Runtime: fileRuntime{DefaultRunner: s.Runners[0], Runners: s.Runners, Workdir: l.Workdir(), KeepAliveS: s.KeepAliveS},
-		// The log is a file nobody watches live: JSON keeps it greppable.
-		Log: fileLog{Level: "info", Format: "json"},
-	}
+	c := config.Default()
+	c.Server.URL, c.Server.TokenFile = s.ServerURL, l.TokenFile()
+	c.Daemon.Label, c.Daemon.Tags = s.Label, append(c.Daemon.Tags, s.Tags...)
+	c.Runtime.DefaultRunner, c.Runtime.Runners = s.Runners[0], s.Runners
+	c.Runtime.Workdir, c.Runtime.KeepAliveS = l.Workdir(), s.KeepAliveS
+	// The log is a file nobody watches live: JSON keeps it greppable.
+	c.Log.Format = "json"
 	var buf bytes.Buffer
 	fmt.Fprintf(&buf, "# Written by `lakeshore daemon install`, launch %s.\n", s.LaunchID)
-	if err := toml.NewEncoder(&buf).Encode(fc); err != nil {
+	if err := toml.NewEncoder(&buf).Encode(c); err != nil {
 		return "", fmt.Errorf("render config: %w", err)
 	}
 	return buf.String(), nil

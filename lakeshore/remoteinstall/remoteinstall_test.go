@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -114,6 +115,18 @@ func TestRenderConfigLoadsInNymph(t *testing.T) {
 	}
 	if cfg.Log.Format != "json" {
 		t.Errorf("log = %+v", cfg.Log)
+	}
+	// Every other key is nymph's default, as if the file left it out.
+	want := config.Default()
+	want.Path = l.Config()
+	want.Server.URL, want.Server.TokenFile = spec.ServerURL, l.TokenFile()
+	want.Daemon.Label, want.Daemon.Tags = spec.Label, spec.Tags
+	want.Runtime.DefaultRunner, want.Runtime.Runners = "docker", spec.Runners
+	want.Runtime.Workdir, want.Runtime.KeepAliveS = l.Workdir(), spec.KeepAliveS
+	want.Identity.KeyFile = "/nonexistent-home/.nymph/identity.key"
+	want.Log.Format = "json"
+	if !reflect.DeepEqual(*cfg, want) {
+		t.Errorf("config\n%+v\nwant\n%+v", *cfg, want)
 	}
 
 	// No tags still renders a list (nymph sends [] on the wire).
