@@ -250,7 +250,7 @@ func Parse(path string, data []byte, home string) (*Config, error) {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	r.assign(&md, nil, keys, reflect.ValueOf(&c).Elem())
-	r.unknown(md.Undecoded())
+	r.unknown(append(md.Undecoded(), caseVariants(&md)...))
 	r.validate(&c)
 	if len(r.errs) > 0 {
 		return nil, errors.Join(r.errs...)
@@ -364,6 +364,14 @@ func (r *reader) assign(md *toml.MetaData, table toml.Key, keys, dst reflect.Val
 		}
 		p := keys.Field(i).Interface().(toml.Primitive)
 		key := append(slices.Clip(table), k.Tag.Get("toml"))
+		if !md.IsDefined(key...) {
+			continue // matched only by a differently cased key: caseVariants reports it
+		}
+		if v := caseVariantOf(md, key); v != "" {
+			// The library filled the field from either spelling, at random.
+			r.fail(keyName(key), "given again as %q (keys are case-sensitive): keep one", v)
+			continue
+		}
 		f := dst.FieldByName(k.Name)
 		if f.Kind() == reflect.Struct {
 			sub := mirror(f.Type())
@@ -425,6 +433,44 @@ func (r *reader) unknown(keys []toml.Key) {
 			r.warn(keyName(k), "unknown key, ignored")
 		}
 	}
+}
+
+// caseVariants lists the keys of the file that the TOML library matched to a
+// field although they are spelled in another case ("URL" for "url"): keys
+// are case-sensitive in nymph's config, so such a key is unknown, as it
+// always was.
+func caseVariants(md *toml.MetaData) []toml.Key {
+	var out []toml.Key
+	for _, k := range md.Keys() {
+		t := reflect.TypeFor[Config]()
+		for n, seg := range k {
+			f, ok := fieldByKey(t, seg)
+			if !ok {
+				if slices.ContainsFunc(slices.Collect(t.Fields()), func(f reflect.StructField) bool {
+					return strings.EqualFold(f.Tag.Get("toml"), seg)
+				}) {
+					out = append(out, k[:n+1])
+				}
+				break
+			}
+			if f.Type.Kind() != reflect.Struct {
+				break
+			}
+			t = f.Type
+		}
+	}
+	return out
+}
+
+// caseVariantOf is a sibling of key in the file spelled like it but for case.
+func caseVariantOf(md *toml.MetaData, key toml.Key) string {
+	last := key[len(key)-1]
+	for _, k := range md.Keys() {
+		if len(k) == len(key) && slices.Equal(k[:len(k)-1], key[:len(key)-1]) && k[len(k)-1] != last && strings.EqualFold(k[len(k)-1], last) {
+			return k[len(k)-1]
+		}
+	}
+	return ""
 }
 
 func fieldByKey(t reflect.Type, key string) (reflect.StructField, bool) {

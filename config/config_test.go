@@ -412,3 +412,27 @@ func TestUnknownKeysNamedByTheirOutermostUnknownPart(t *testing.T) {
 		t.Fatalf("warnings\n%q\nwant\n%q", c.Warnings, want)
 	}
 }
+
+// Keys are case-sensitive: the TOML library matches struct fields ignoring
+// case, so a differently cased key must still be reported unknown and not
+// be taken.
+func TestKeysAreCaseSensitive(t *testing.T) {
+	c, err := config.Parse("/etc/nymph.toml", []byte("[server]\nURL = \"http://b\"\n[Daemon]\nlabel = \"x\"\n"), "/home/u")
+	if err == nil || !strings.Contains(err.Error(), "[server] url") {
+		t.Fatalf("a config with only [server] URL parsed (%v); url must still be missing", err)
+	}
+	c, err = config.Parse("/etc/nymph.toml", []byte("[server]\nurl = \"http://a\"\n[Daemon]\nlabel = \"x\"\n"), "/home/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Daemon.Label == "x" {
+		t.Errorf("[Daemon] was taken as [daemon]")
+	}
+	if joined := strings.Join(c.Warnings, "\n"); !strings.Contains(joined, "[Daemon]") {
+		t.Errorf("warnings %q do not name [Daemon]", c.Warnings)
+	}
+	_, err = config.Parse("/etc/nymph.toml", []byte("[server]\nurl = \"http://a\"\nURL = \"http://b\"\n"), "/home/u")
+	if err == nil || !strings.Contains(err.Error(), `[server] url: given again as "URL"`) {
+		t.Fatalf("url and URL in one table: %v, want an error naming both", err)
+	}
+}
