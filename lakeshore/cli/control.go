@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"nymph/lakeshore/opclient"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 )
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"nymph/backoff"
 	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 )
@@ -359,7 +360,7 @@ func (a *app) repeat(ctx context.Context, interval float64, jsonOut bool,
 				return err
 			}
 		}
-		if !sleepCtx(ctx, every) {
+		if !backoff.Sleep(ctx, every) {
 			return nil
 		}
 	}

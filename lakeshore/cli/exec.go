@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"nymph/backoff"
 	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
@@ -314,7 +315,7 @@ func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req 
 	var (
 		offset   int64
 		last     operatorapi.Exec
-		backoff  = retryMin
+		retry    = backoff.New(retryMin, retryMax)
 		draining bool
 	)
 	for {
@@ -344,14 +345,13 @@ func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req 
 				return err
 			}
 			prog.Set(fmt.Sprintf("control plane unreachable, retrying (exec %s on %s)", acc.ExecID, where))
-			if !sleepCtx(ctx, min(backoff, time.Until(deadline))) && ctx.Err() != nil {
+			if !backoff.Sleep(ctx, min(retry.Next(), time.Until(deadline))) && ctx.Err() != nil {
 				prog.Stop()
 				return a.execInterrupted(c, acc, where)
 			}
-			backoff = min(backoff*2, retryMax)
 			continue
 		}
-		backoff = retryMin
+		retry.Reset()
 		last = ex
 		if chunk := newOutput(ex, offset); len(chunk) > 0 && !f.jsonOut {
 			prog.Stop()

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"nymph/backoff"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
 )
@@ -88,7 +89,7 @@ func (c *Client) CancelInvocation(ctx context.Context, id string) (operatorapi.C
 // poll that ran out). Transport failures and a restarting server are
 // retried with backoff until ctx ends; other errors end the wait.
 func (c *Client) WaitInvocation(ctx context.Context, id string, progress func(operatorapi.Invocation, error)) (operatorapi.Invocation, error) {
-	backoff := waitRetryMin
+	retry := backoff.New(waitRetryMin, waitRetryMax)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, waitPoll+waitSlack)
 		inv, err := c.GetInvocation(rctx, id, waitPoll)
@@ -103,17 +104,12 @@ func (c *Client) WaitInvocation(ctx context.Context, id string, progress func(op
 			if progress != nil {
 				progress(operatorapi.Invocation{}, err)
 			}
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !retry.Wait(ctx) {
 				return inv, ctx.Err()
-			case <-t.C:
 			}
-			backoff = min(backoff*2, waitRetryMax)
 			continue
 		}
-		backoff = waitRetryMin
+		retry.Reset()
 		if progress != nil {
 			progress(inv, nil)
 		}
