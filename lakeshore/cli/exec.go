@@ -148,11 +148,7 @@ stderr, duration_ms, error, ...}}. Ctrl-C cancels the remote command.
 		ValidArgsFunction: a.completeExecDaemon,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			req, err := f.request(args[1:], a.env.Stdin)
-			if err != nil {
-				return err
-			}
-			c, err := a.client()
+			req, c, err := requestAndClient(a, f.request, args[1:])
 			if err != nil {
 				return err
 			}
@@ -205,11 +201,7 @@ this is 'lakeshore daemon exec' (see its help for streaming and --json).
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			req, err := f.request(args, a.env.Stdin)
-			if err != nil {
-				return err
-			}
-			c, err := a.client()
+			req, c, err := requestAndClient(a, f.request, args)
 			if err != nil {
 				return err
 			}

@@ -285,6 +285,18 @@ func (a *app) versionCmd() *cobra.Command {
 	return cmd
 }
 
+// requestAndClient is the prologue of the verbs that submit work: the
+// request the flags and the words make (stdin may feed it), then an
+// operator API client.
+func requestAndClient[R any](a *app, request func([]string, io.Reader) (R, error), words []string) (R, *opclient.Client, error) {
+	req, err := request(words, a.env.Stdin)
+	if err != nil {
+		return req, nil, err
+	}
+	c, err := a.client()
+	return req, c, err
+}
+
 // describe names a worker for messages: "label (id)".
 func describe(w operatorapi.Worker) string {
 	if w.Label == "" || w.Label == w.ID {
