@@ -10,7 +10,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
+
+	"nymph/atomicfile"
 )
 
 const (
@@ -119,83 +120,41 @@ func parseKeyFile(data []byte) (*Key, error) {
 	return k, nil
 }
 
-// writeFileAtomic writes data to a 0600 temporary file next to path, syncs
-// it, and moves it into place, then syncs the directory so the new name
-// survives a crash. With noClobber the move is a hard link, which fails
-// instead of replacing a file another process put there first; the result
-// is then errExists.
-func writeFileAtomic(path string, data []byte, noClobber bool) (err error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+// writeFileAtomic writes data to a 0600 file at path through atomicfile,
+// creating the directory (0700) if needed. With noClobber the move is a hard
+// link, which fails instead of replacing a file another process put there
+// first; the result is then errExists.
+func writeFileAtomic(path string, data []byte, noClobber bool) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	f, err := atomicfile.Create(path, 0o600)
 	if err != nil {
 		return err
 	}
-	tmpName := tmp.Name()
-	defer func() {
-		// After a link the temporary name is redundant; after a failure it is
-		// litter. After a rename it no longer exists.
-		if tmpName != "" {
-			_ = os.Remove(tmpName)
-		}
-	}()
-	if err := writeAndClose(tmp, data); err != nil {
-		return err
-	}
-	if noClobber {
-		err = os.Link(tmpName, path)
-		switch {
-		case errors.Is(err, fs.ErrExist):
-			return errExists
-		case err != nil:
-			// The filesystem cannot hard-link: narrow the race with a check,
-			// then fall back to rename.
-			if _, statErr := os.Lstat(path); statErr == nil {
-				return errExists
-			}
-			if err := os.Rename(tmpName, path); err != nil {
-				return err
-			}
-			tmpName = ""
-		}
-	} else {
-		if err := os.Rename(tmpName, path); err != nil {
-			return err
-		}
-		tmpName = ""
-	}
-	return syncDir(dir)
-}
-
-func writeAndClose(f *os.File, data []byte) error {
-	// CreateTemp already uses 0600; the explicit chmod documents the intent
-	// and guards against a platform where it does not.
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return err
-	}
+	// After a link the temporary name is redundant; after a failure it is
+	// litter. After a commit Cleanup does nothing.
+	defer f.Cleanup()
 	if _, err := f.Write(data); err != nil {
-		f.Close()
 		return err
+	}
+	if !noClobber {
+		return f.Commit()
 	}
 	if err := f.Sync(); err != nil {
-		f.Close()
 		return err
 	}
-	return f.Close()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
+	err = os.Link(f.Name(), path)
+	switch {
+	case err == nil:
+		return atomicfile.SyncDir(filepath.Dir(path))
+	case errors.Is(err, fs.ErrExist):
+		return errExists
 	}
-	defer d.Close()
-	// Some filesystems cannot fsync a directory; the rename is still atomic.
-	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return fmt.Errorf("sync directory %s: %w", dir, err)
+	// The filesystem cannot hard-link: narrow the race with a check, then
+	// fall back to rename.
+	if _, statErr := os.Lstat(path); statErr == nil {
+		return errExists
 	}
-	return nil
+	return f.Commit()
 }

@@ -35,7 +35,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -445,10 +444,4 @@ func fileSum(path string) (string, error) {
 
 // redactURL keeps scheme, host and path: a presigned query string is a
 // credential and stays out of the log.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<unparseable url>"
-	}
-	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
-}
+func redactURL(raw string) string { return dist.RedactURL(raw) }

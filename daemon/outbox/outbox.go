@@ -27,6 +27,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"nymph/atomicfile"
+	"nymph/backoff"
 	"nymph/daemon/uplink"
 	"nymph/messages"
 )
@@ -109,7 +111,9 @@ func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outb
 	for _, e := range entries {
 		name := e.Name()
 		full := filepath.Join(dir, name)
-		if strings.HasSuffix(name, ".tmp") {
+		// Dot-files are atomicfile's torn temporaries; .tmp ones an older
+		// daemon's.
+		if strings.HasPrefix(name, ".") || strings.HasSuffix(name, ".tmp") {
 			_ = os.Remove(full)
 			continue
 		}
@@ -241,35 +245,29 @@ func (o *Outbox) start(rec record, stored <-chan string) {
 // outbox is cancelled; then it removes the stored file, if any, once it is
 // written. A cancelled delivery leaves the file for the next run.
 func (o *Outbox) deliver(rec record, stored <-chan string) {
-	defer o.wg.Done()
+	defer func() {
+		o.mu.Lock()
+		o.pending--
+		o.mu.Unlock()
+		o.wg.Done()
+	}()
 	log := o.log.With().Str("key", rec.Key).Logger()
-	backoff := o.min
+	wait := backoff.Backoff{Min: o.min, Max: o.max, Rand: o.rand}
 	for attempt := 1; ; attempt++ {
 		err := o.attempt(rec)
 		if err == nil {
 			break
 		}
 		if o.ctx.Err() != nil {
-			o.mu.Lock()
-			o.pending--
-			o.mu.Unlock()
 			return
 		}
 		if !retryable(err) {
 			log.Error().Err(err).Msg("result refused by the control plane; dropped")
 			break
 		}
-		delay := backoff + time.Duration(o.rand()*float64(min(backoff, 5*time.Second)))
-		backoff = min(backoff*2, o.max)
+		delay := wait.Next()
 		log.Warn().Err(err).Int("attempt", attempt).Dur("retry_in", delay).Msg("result post failed; will retry")
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-o.ctx.Done():
-			t.Stop()
-			o.mu.Lock()
-			o.pending--
-			o.mu.Unlock()
+		if !backoff.Sleep(o.ctx, delay) {
 			return
 		}
 	}
@@ -278,9 +276,6 @@ func (o *Outbox) deliver(rec record, stored <-chan string) {
 			log.Error().Err(err).Msg("remove stored result")
 		}
 	}
-	o.mu.Lock()
-	o.pending--
-	o.mu.Unlock()
 }
 
 func (o *Outbox) attempt(rec record) error {
@@ -313,24 +308,5 @@ func writeAtomic(path string, rec record) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		_ = f.Close()
-		_ = os.Remove(tmp)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		_ = os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, data, 0o600)
 }

@@ -158,6 +158,7 @@ func TestLeftoversSurviveCloseAndArePostedOnReopen(t *testing.T) {
 	c.mu.Unlock()
 	// a torn temporary file from a crash is cleaned up, not posted
 	_ = os.WriteFile(filepath.Join(dir, "x.msgpack.tmp"), []byte{1}, 0o600)
+	_ = os.WriteFile(filepath.Join(dir, ".x.msgpack123"), []byte{1}, 0o600)
 	o2, err := outbox.Open(dir, client, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +168,9 @@ func TestLeftoversSurviveCloseAndArePostedOnReopen(t *testing.T) {
 	if err := o2.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "x.msgpack.tmp")); !os.IsNotExist(err) {
-		t.Fatal("tmp file left")
+	for _, name := range []string{"x.msgpack.tmp", ".x.msgpack123"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+			t.Fatalf("tmp file %s left", name)
+		}
 	}
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/rs/zerolog"
 
+	"nymph/atomicfile"
+	"nymph/dist"
 	"nymph/messages"
 )
 
@@ -211,7 +213,7 @@ func Validate(cmd messages.OtaUpdate) error {
 // why and has already been logged. Install does not exec: call Exec once
 // in-flight work has drained.
 func (u *Updater) Install(ctx context.Context, cmd messages.OtaUpdate) (Installed, error) {
-	log := u.log.With().Str("version", cmd.Version).Str("url", redactURL(cmd.URL)).Str("sha256", cmd.SHA256).Logger()
+	log := u.log.With().Str("version", cmd.Version).Str("url", dist.RedactURL(cmd.URL)).Str("sha256", cmd.SHA256).Logger()
 	inst, err := u.install(ctx, cmd, log)
 	if err != nil {
 		log.Warn().Err(err).Str("path", u.exePath).Msg("ota: update refused; the running binary is unchanged")
@@ -291,7 +293,7 @@ func (u *Updater) install(ctx context.Context, cmd messages.OtaUpdate, log zerol
 	committed = true
 	// The rename is done and visible; a failed directory fsync only weakens
 	// crash durability, so it is logged, not returned as a failed update.
-	if err := syncDir(dir); err != nil {
+	if err := atomicfile.SyncDir(dir); err != nil {
 		log.Warn().Err(err).Msg("ota: fsync of the executable's directory failed")
 	}
 	return Installed{
@@ -306,7 +308,7 @@ func (u *Updater) install(ctx context.Context, cmd messages.OtaUpdate, log zerol
 
 // download streams rawURL into f, hashing exactly the bytes written.
 func (u *Updater) download(ctx context.Context, rawURL string, f *os.File) (int64, string, error) {
-	shown := redactURL(rawURL)
+	shown := dist.RedactURL(rawURL)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
 	if err != nil {
 		return 0, "", fmt.Errorf("%w: field url: %v", ErrInvalidCommand, err)
@@ -423,26 +425,4 @@ func (u *Updater) Exec() error {
 
 func sameOrigin(a, b *url.URL) bool {
 	return b != nil && strings.EqualFold(a.Scheme, b.Scheme) && strings.EqualFold(a.Host, b.Host)
-}
-
-// redactURL keeps scheme, host and path: a presigned query string is a
-// credential and does not belong in logs or error messages.
-func redactURL(raw string) string {
-	pu, err := url.Parse(raw)
-	if err != nil {
-		return "<unparseable url>"
-	}
-	return (&url.URL{Scheme: pu.Scheme, Host: pu.Host, Path: pu.Path}).String()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return fmt.Errorf("fsync directory %s: %w", dir, err)
-	}
-	return nil
 }

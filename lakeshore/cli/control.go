@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"nymph/lakeshore/opclient"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 )
 
@@ -18,28 +18,31 @@ func (a *app) daemonSetupCmd() *cobra.Command {
 		script        string
 		sudo, refresh bool
 		name          string
-		jsonOut, byID bool
+		body          []byte
 	)
-	cmd := &cobra.Command{
-		Use:   "setup <daemon> --script PATH",
-		Short: "Queue a setup script on a running daemon",
-		Long: `Queue a setup script on a running daemon. The file's contents travel on the wire
+	return daemonVerb(a, onDaemon[operatorapi.Queued]{
+		use:   "setup <daemon> --script PATH",
+		short: "Queue a setup script on a running daemon",
+		long: `Queue a setup script on a running daemon. The file's contents travel on the wire
 (--script - reads stdin). Setup scripts run one at a time, in order; write them
 to be idempotent, since a daemon may run one again after a restart.
 
 --sudo runs the script as root, --refresh-capabilities re-probes the host
 afterwards so a freshly installed runner is advertised, --name labels it.
 --json prints {commandId, workerId, kind}.`,
-		Example: `  lakeshore daemon setup gpu-rig --script ./host-setup/docker.sh --sudo --refresh-capabilities --name docker
+		example: `  lakeshore daemon setup gpu-rig --script ./host-setup/docker.sh --sudo --refresh-capabilities --name docker
   lakeshore daemon setup gpu-rig --script - <<<'apt-get install -y jq'`,
-		Args:              exactArgs(1, "one <daemon>"),
-		ValidArgsFunction: a.completeDaemon,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
+		flags: func(cmd *cobra.Command) {
+			fs := cmd.Flags()
+			fs.StringVar(&script, "script", "", "setup script to run (required; - for stdin)")
+			fs.BoolVar(&sudo, "sudo", false, "run the script as root")
+			fs.BoolVar(&refresh, "refresh-capabilities", false, "re-probe the host's capabilities afterwards")
+			fs.StringVar(&name, "name", "", "a human label for this setup step")
+		},
+		check: func() error {
 			if script == "" {
 				return usagef("--script PATH is required")
 			}
-			var body []byte
 			var err error
 			if script == "-" {
 				body, err = io.ReadAll(a.env.Stdin)
@@ -49,103 +52,96 @@ afterwards so a freshly installed runner is advertised, --name labels it.
 			if err != nil {
 				return fmt.Errorf("--script: %w", err)
 			}
-			c, w, err := a.clientAndTarget(ctx, args[0], byID)
-			if err != nil {
-				return err
-			}
-			q, err := c.Setup(ctx, w.ID, operatorapi.SetupRequest{Script: string(body), Sudo: sudo, RefreshCapabilities: refresh, Name: name})
-			if err != nil {
-				return err
-			}
-			if jsonOut {
-				return writeJSON(a.env.Stdout, q)
-			}
+			return nil
+		},
+		call: func(ctx context.Context, c *opclient.Client, w operatorapi.Worker) (operatorapi.Queued, error) {
+			return c.Setup(ctx, w.ID, operatorapi.SetupRequest{Script: string(body), Sudo: sudo, RefreshCapabilities: refresh, Name: name})
+		},
+		text: func(out io.Writer, w operatorapi.Worker, q operatorapi.Queued) error {
 			label := ""
 			if name != "" {
 				label = fmt.Sprintf(" %q", name)
 			}
-			_, err = fmt.Fprintf(a.env.Stdout, "queued setup%s on %s (command %s)\n", label, describe(w), q.CommandID)
+			_, err := fmt.Fprintf(out, "queued setup%s on %s (command %s)\n", label, describe(w), q.CommandID)
 			return err
 		},
-	}
-	fs := cmd.Flags()
-	fs.StringVar(&script, "script", "", "setup script to run (required; - for stdin)")
-	fs.BoolVar(&sudo, "sudo", false, "run the script as root")
-	fs.BoolVar(&refresh, "refresh-capabilities", false, "re-probe the host's capabilities afterwards")
-	fs.StringVar(&name, "name", "", "a human label for this setup step")
-	fs.BoolVar(&jsonOut, "json", false, "print JSON")
-	fs.BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
-	return cmd
+	})
 }
 
 func (a *app) daemonHibernateCmd() *cobra.Command {
 	var until string
-	var jsonOut, byID bool
-	cmd := &cobra.Command{
-		Use:   "hibernate <daemon> --until +30s|+5m|+1h|+3d|ISO-8601",
-		Short: "Stop a daemon polling until a deadline",
-		Long: `Ask a daemon to stop polling until a deadline; it then re-enters its poll loop
+	var deadline time.Time
+	return daemonVerb(a, onDaemon[operatorapi.Queued]{
+		use:   "hibernate <daemon> --until +30s|+5m|+1h|+3d|ISO-8601",
+		short: "Stop a daemon polling until a deadline",
+		long: `Ask a daemon to stop polling until a deadline; it then re-enters its poll loop
 from scratch. --until is a span from now (+30s, +5m, +1h, +3d, +1h30m) or an
 ISO-8601 time (2026-03-01T08:00:00Z; without a zone, local time). The control
 plane refuses a deadline in the past. --json prints {commandId, workerId, kind}.`,
-		Example: `  lakeshore daemon hibernate gpu-rig --until +2h
+		example: `  lakeshore daemon hibernate gpu-rig --until +2h
   lakeshore daemon hibernate gpu-rig --until 2026-03-01T08:00:00Z`,
-		Args:              exactArgs(1, "one <daemon>"),
-		ValidArgsFunction: a.completeDaemon,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
+		flags: func(cmd *cobra.Command) {
+			cmd.Flags().StringVar(&until, "until", "", "deadline: +30s, +5m, +1h, +3d or an ISO-8601 time (required)")
+		},
+		check: func() error {
 			if until == "" {
 				return usagef("--until is required (e.g. +30m or 2026-03-01T08:00:00Z)")
 			}
-			deadline, err := ParseUntil(until, a.env.Now())
-			if err != nil {
+			var err error
+			if deadline, err = ParseUntil(until, a.env.Now()); err != nil {
 				return &usageError{err: err}
 			}
-			c, w, err := a.clientAndTarget(ctx, args[0], byID)
-			if err != nil {
-				return err
-			}
-			q, err := c.Hibernate(ctx, w.ID, deadline)
-			if err != nil {
-				return err
-			}
-			if jsonOut {
-				return writeJSON(a.env.Stdout, q)
-			}
-			_, err = fmt.Fprintf(a.env.Stdout, "%s hibernates until %s (in %s; command %s)\n",
+			return nil
+		},
+		call: func(ctx context.Context, c *opclient.Client, w operatorapi.Worker) (operatorapi.Queued, error) {
+			return c.Hibernate(ctx, w.ID, deadline)
+		},
+		text: func(out io.Writer, w operatorapi.Worker, q operatorapi.Queued) error {
+			_, err := fmt.Fprintf(out, "%s hibernates until %s (in %s; command %s)\n",
 				describe(w), deadline.Local().Format(time.RFC3339), span(deadline.Sub(a.env.Now())), q.CommandID)
 			return err
 		},
-	}
-	cmd.Flags().StringVar(&until, "until", "", "deadline: +30s, +5m, +1h, +3d or an ISO-8601 time (required)")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
-	cmd.Flags().BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
-	return cmd
+	})
 }
 
 func (a *app) daemonResetCmd() *cobra.Command {
-	return a.queueVerb(queueVerb{
+	return a.queueVerb(onDaemon[operatorapi.Queued]{
 		use:   "reset <daemon>",
 		short: "Collapse a daemon's poll backoff",
 		long: `Queue a reset_backoff command: a daemon stuck in exponential backoff retries at
 retry_min_s on its next poll. Cheaper than a kill and relaunch.
 --json prints {commandId, workerId, kind}.`,
 		example: `  lakeshore daemon reset gpu-rig`,
-		call:    (*opclient.Client).Reset,
-		done:    "queued reset_backoff on %s (command %s)\n",
-	})
+	}, (*opclient.Client).Reset, "queued reset_backoff on %s (command %s)\n")
 }
 
-// queueVerb describes a verb that queues one command on one daemon and says
-// so: reset, rotate-key.
-type queueVerb struct {
+// queueVerb is a verb that queues one command on one daemon and says so
+// (reset, rotate-key): done is printed with the daemon and the command id.
+func (a *app) queueVerb(v onDaemon[operatorapi.Queued], call func(*opclient.Client, context.Context, string) (operatorapi.Queued, error), done string) *cobra.Command {
+	v.call = func(ctx context.Context, c *opclient.Client, w operatorapi.Worker) (operatorapi.Queued, error) {
+		return call(c, ctx, w.ID)
+	}
+	v.text = func(out io.Writer, w operatorapi.Worker, q operatorapi.Queued) error {
+		_, err := fmt.Fprintf(out, done, describe(w), q.CommandID)
+		return err
+	}
+	return daemonVerb(a, v)
+}
+
+// onDaemon describes a verb that acts on the one daemon its argument names
+// (--id takes it verbatim) and prints the answer: as JSON with --json, else
+// through text.
+type onDaemon[T any] struct {
 	use, short, long, example string
-	call                      func(*opclient.Client, context.Context, string) (operatorapi.Queued, error)
-	// done is printed with the daemon and the command id.
-	done string
+	// flags adds the verb's own flags; check, when set, validates them
+	// before anything is asked of the control plane.
+	flags func(*cobra.Command)
+	check func() error
+	call  func(context.Context, *opclient.Client, operatorapi.Worker) (T, error)
+	text  func(io.Writer, operatorapi.Worker, T) error
 }
 
-func (a *app) queueVerb(v queueVerb) *cobra.Command {
+func daemonVerb[T any](a *app, v onDaemon[T]) *cobra.Command {
 	var jsonOut, byID bool
 	cmd := &cobra.Command{
 		Use:               v.use,
@@ -156,20 +152,27 @@ func (a *app) queueVerb(v queueVerb) *cobra.Command {
 		ValidArgsFunction: a.completeDaemon,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if v.check != nil {
+				if err := v.check(); err != nil {
+					return err
+				}
+			}
 			c, w, err := a.clientAndTarget(ctx, args[0], byID)
 			if err != nil {
 				return err
 			}
-			q, err := v.call(c, ctx, w.ID)
+			out, err := v.call(ctx, c, w)
 			if err != nil {
 				return err
 			}
 			if jsonOut {
-				return writeJSON(a.env.Stdout, q)
+				return writeJSON(a.env.Stdout, out)
 			}
-			_, err = fmt.Fprintf(a.env.Stdout, v.done, describe(w), q.CommandID)
-			return err
+			return v.text(a.env.Stdout, w, out)
 		},
+	}
+	if v.flags != nil {
+		v.flags(cmd)
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	cmd.Flags().BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
@@ -178,87 +181,62 @@ func (a *app) queueVerb(v queueVerb) *cobra.Command {
 
 func (a *app) daemonCancelCmd() *cobra.Command {
 	var execID, invID string
-	var jsonOut, byID bool
-	cmd := &cobra.Command{
-		Use:   "cancel <daemon> --exec ID | --invocation ID",
-		Short: "Stop a running exec or invocation without killing the daemon",
-		Long: `Queue a cancel command for one running exec or invocation; the daemon kills its
+	return daemonVerb(a, onDaemon[operatorapi.Queued]{
+		use:   "cancel <daemon> --exec ID | --invocation ID",
+		short: "Stop a running exec or invocation without killing the daemon",
+		long: `Queue a cancel command for one running exec or invocation; the daemon kills its
 process group and reports it as cancelled. Exactly one of --exec and
 --invocation. --json prints {commandId, workerId, kind}.`,
-		Example: `  lakeshore daemon cancel gpu-rig --exec 01J9Z8X7W6V5T4S3R2Q1P0N9M8
+		example: `  lakeshore daemon cancel gpu-rig --exec 01J9Z8X7W6V5T4S3R2Q1P0N9M8
   lakeshore daemon cancel gpu-rig --invocation inv-42`,
-		Args:              exactArgs(1, "one <daemon>"),
-		ValidArgsFunction: a.completeDaemon,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
+		flags: func(cmd *cobra.Command) {
+			cmd.Flags().StringVar(&execID, "exec", "", "exec id to cancel")
+			cmd.Flags().StringVar(&invID, "invocation", "", "invocation id to cancel")
+		},
+		check: func() error {
 			if (execID == "") == (invID == "") {
 				return usagef("pass exactly one of --exec ID and --invocation ID")
 			}
-			c, w, err := a.clientAndTarget(ctx, args[0], byID)
-			if err != nil {
-				return err
-			}
-			q, err := c.Cancel(ctx, w.ID, operatorapi.CancelRequest{ExecID: execID, InvocationID: invID})
-			if err != nil {
-				return err
-			}
-			if jsonOut {
-				return writeJSON(a.env.Stdout, q)
-			}
+			return nil
+		},
+		call: func(ctx context.Context, c *opclient.Client, w operatorapi.Worker) (operatorapi.Queued, error) {
+			return c.Cancel(ctx, w.ID, operatorapi.CancelRequest{ExecID: execID, InvocationID: invID})
+		},
+		text: func(out io.Writer, w operatorapi.Worker, q operatorapi.Queued) error {
 			what := "exec " + execID
 			if invID != "" {
 				what = "invocation " + invID
 			}
-			_, err = fmt.Fprintf(a.env.Stdout, "queued cancel of %s on %s (command %s)\n", what, describe(w), q.CommandID)
+			_, err := fmt.Fprintf(out, "queued cancel of %s on %s (command %s)\n", what, describe(w), q.CommandID)
 			return err
 		},
-	}
-	cmd.Flags().StringVar(&execID, "exec", "", "exec id to cancel")
-	cmd.Flags().StringVar(&invID, "invocation", "", "invocation id to cancel")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
-	cmd.Flags().BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
-	return cmd
+	})
 }
 
 func (a *app) daemonCommandsCmd() *cobra.Command {
-	var jsonOut, byID bool
-	cmd := &cobra.Command{
-		Use:   "commands <daemon>",
-		Short: "List the commands the control plane holds for a daemon",
-		Long: `List the commands the control plane has recorded for one daemon, oldest first,
+	return daemonVerb(a, onDaemon[[]operatorapi.CommandInfo]{
+		use:   "commands <daemon>",
+		short: "List the commands the control plane holds for a daemon",
+		long: `List the commands the control plane has recorded for one daemon, oldest first,
 with their state: queued (not yet picked up), delivered (picked up, not yet
 acknowledged by a later poll) or acked. Useful when a daemon seems not to
 react. --json prints [{id, kind, state, createdAt}].`,
-		Example:           `  lakeshore daemon commands gpu-rig`,
-		Args:              exactArgs(1, "one <daemon>"),
-		ValidArgsFunction: a.completeDaemon,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, w, err := a.clientAndTarget(ctx, args[0], byID)
-			if err != nil {
-				return err
-			}
-			cmds, err := c.ListCommands(ctx, w.ID)
-			if err != nil {
-				return err
-			}
-			if jsonOut {
-				return writeJSON(a.env.Stdout, cmds)
-			}
+		example: `  lakeshore daemon commands gpu-rig`,
+		call: func(ctx context.Context, c *opclient.Client, w operatorapi.Worker) ([]operatorapi.CommandInfo, error) {
+			return c.ListCommands(ctx, w.ID)
+		},
+		text: func(out io.Writer, w operatorapi.Worker, cmds []operatorapi.CommandInfo) error {
 			if len(cmds) == 0 {
-				_, err := fmt.Fprintf(a.env.Stdout, "no commands pending for %s\n", describe(w))
+				_, err := fmt.Fprintf(out, "no commands pending for %s\n", describe(w))
 				return err
 			}
 			now := a.env.Now()
-			tw := newTable(a.env.Stdout)
+			tw := newTable(out)
 			fmt.Fprintln(tw, "ID\tKIND\tSTATE\tCREATED")
 			for _, ci := range cmds {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", ci.ID, ci.Kind, ci.State, ago(now, ci.CreatedAt))
 			}
 			return tw.Flush()
 		},
-	}
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
-	cmd.Flags().BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
-	return cmd
+	})
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"nymph/backoff"
 	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 )
@@ -78,11 +79,7 @@ such document per line and per refresh.`,
   lakeshore daemon list --json | jq -r '.workers[].label'
   lakeshore daemon list --watch 5`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, _ []string) error {
 			fetch := func(ctx context.Context) (any, error) {
 				ws, err := c.ListWorkers(ctx)
 				return sortedWorkers(ws), err
@@ -95,8 +92,8 @@ such document per line and per refresh.`,
 				return a.printWorkerTable(w, ws, c.Namespace())
 			}
 			toJSON := func(v any) any { return operatorapi.WorkerList{Workers: v.([]operatorapi.Worker)} }
-			return a.repeat(cmd.Context(), watch, jsonOut, fetch, render, toJSON)
-		},
+			return a.repeat(ctx, watch, jsonOut, fetch, render, toJSON)
+		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	watchFlag(cmd, &watch)
@@ -150,12 +147,7 @@ tags, runners, queues, capabilities, running invocations and enrolled keys.
   lakeshore daemon show gpu --watch`,
 		Args:              exactArgs(1, "one <daemon>"),
 		ValidArgsFunction: a.completeDaemon,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
 			id := args[0]
 			if !byID {
 				w, err := a.resolve(ctx, c, args[0])
@@ -178,7 +170,7 @@ tags, runners, queues, capabilities, running invocations and enrolled keys.
 				return a.printWorker(out, v.(operatorapi.Worker))
 			}
 			return a.repeat(ctx, watch, jsonOut, fetch, render, func(v any) any { return v })
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	cmd.Flags().BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
@@ -359,7 +351,7 @@ func (a *app) repeat(ctx context.Context, interval float64, jsonOut bool,
 				return err
 			}
 		}
-		if !sleepCtx(ctx, every) {
+		if !backoff.Sleep(ctx, every) {
 			return nil
 		}
 	}
@@ -372,6 +364,17 @@ func (a *app) resolve(ctx context.Context, c *opclient.Client, arg string) (oper
 		return operatorapi.Worker{}, err
 	}
 	return ResolveDaemon(ws, arg)
+}
+
+// withClient is a RunE that first makes the operator API client.
+func (a *app) withClient(run func(ctx context.Context, c *opclient.Client, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := a.client()
+		if err != nil {
+			return err
+		}
+		return run(cmd.Context(), c, args)
+	}
 }
 
 // clientAndTarget is the prologue of the verbs that act on one daemon: an

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"nymph/backoff"
 	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
@@ -147,11 +148,7 @@ stderr, duration_ms, error, ...}}. Ctrl-C cancels the remote command.
 		ValidArgsFunction: a.completeExecDaemon,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			req, err := f.request(args[1:], a.env.Stdin)
-			if err != nil {
-				return err
-			}
-			c, err := a.client()
+			req, c, err := requestAndClient(a, f.request, args[1:])
 			if err != nil {
 				return err
 			}
@@ -204,11 +201,7 @@ this is 'lakeshore daemon exec' (see its help for streaming and --json).
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			req, err := f.request(args, a.env.Stdin)
-			if err != nil {
-				return err
-			}
-			c, err := a.client()
+			req, c, err := requestAndClient(a, f.request, args)
 			if err != nil {
 				return err
 			}
@@ -314,7 +307,7 @@ func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req 
 	var (
 		offset   int64
 		last     operatorapi.Exec
-		backoff  = retryMin
+		retry    = backoff.New(retryMin, retryMax)
 		draining bool
 	)
 	for {
@@ -344,14 +337,13 @@ func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req 
 				return err
 			}
 			prog.Set(fmt.Sprintf("control plane unreachable, retrying (exec %s on %s)", acc.ExecID, where))
-			if !sleepCtx(ctx, min(backoff, time.Until(deadline))) && ctx.Err() != nil {
+			if !backoff.Sleep(ctx, min(retry.Next(), time.Until(deadline))) && ctx.Err() != nil {
 				prog.Stop()
 				return a.execInterrupted(c, acc, where)
 			}
-			backoff = min(backoff*2, retryMax)
 			continue
 		}
-		backoff = retryMin
+		retry.Reset()
 		last = ex
 		if chunk := newOutput(ex, offset); len(chunk) > 0 && !f.jsonOut {
 			prog.Stop()

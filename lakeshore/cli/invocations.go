@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"slices"
@@ -136,13 +137,9 @@ is over. --json prints the invocation object as the operator API returns it
 		Example: `  lakeshore invocations show 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2
   lakeshore invocations show 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2 --wait --json | jq .error`,
 		Args: exactArgs(1, "one <id>"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
 			var inv operatorapi.Invocation
+			var err error
 			if wait {
 				prog := startProgress(a.env.Stderr, a.env.StderrTTY && !jsonOut, "invocation "+args[0])
 				inv, err = c.WaitInvocation(ctx, args[0], func(cur operatorapi.Invocation, err error) {
@@ -164,7 +161,7 @@ is over. --json prints the invocation object as the operator API returns it
 				return writeJSON(a.env.Stdout, inv)
 			}
 			return a.printInvocation(a.env.Stdout, inv)
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the invocation is over")
@@ -257,12 +254,8 @@ over is an error.
 --json prints {invocation, cancelled, command_id}.`,
 		Example: `  lakeshore invocations cancel 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2`,
 		Args:    exactArgs(1, "one <id>"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.CancelInvocation(cmd.Context(), args[0])
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
+			res, err := c.CancelInvocation(ctx, args[0])
 			if opclient.IsNotFound(err) {
 				return fmt.Errorf("no invocation %q in namespace %q: %w", args[0], c.Namespace(), err)
 			}
@@ -282,7 +275,7 @@ over is an error.
 				_, err = fmt.Fprintf(a.env.Stdout, "invocation %s is %s\n", inv.ID, inv.State)
 			}
 			return err
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd

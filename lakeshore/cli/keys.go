@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -11,6 +13,7 @@ import (
 
 	"nymph/lakeshore/controlplane"
 	"nymph/lakeshore/opclient"
+	"nymph/lakeshore/operatorapi"
 )
 
 // Environment variables of daemon identity and TLS.
@@ -93,7 +96,7 @@ func (o identityOpts) url(u string) string {
 }
 
 func (a *app) daemonRotateKeyCmd() *cobra.Command {
-	return a.queueVerb(queueVerb{
+	return a.queueVerb(onDaemon[operatorapi.Queued]{
 		use:   "rotate-key <daemon>",
 		short: "Ask a daemon to replace its identity key",
 		long: `Queue a rotate_key command. The daemon makes a new Ed25519 keypair, registers it
@@ -103,46 +106,31 @@ refused. A daemon without an enrolled key ([identity] disabled) is a 409.
 --json prints {commandId, workerId, kind}.`,
 		example: `  lakeshore daemon rotate-key gpu-rig
   lakeshore daemon rotate-key 5f0c1e2d3b4a59687a6b5c4d --id --json`,
-		call: (*opclient.Client).RotateKey,
-		done: "queued rotate_key on %s (command %s); 'lakeshore daemon show' lists its keys\n",
-	})
+	}, (*opclient.Client).RotateKey, "queued rotate_key on %s (command %s); 'lakeshore daemon show' lists its keys\n")
 }
 
 func (a *app) daemonRevokeKeyCmd() *cobra.Command {
 	var keyID string
-	var jsonOut, byID bool
-	cmd := &cobra.Command{
-		Use:   "revoke-key <daemon> [--key-id K]",
-		Short: "Revoke a daemon's identity key at once",
-		Long: `Revoke a daemon's current key, or the one --key-id names. Every request signed
+	return daemonVerb(a, onDaemon[operatorapi.RevokeKeyResponse]{
+		use:   "revoke-key <daemon> [--key-id K]",
+		short: "Revoke a daemon's identity key at once",
+		long: `Revoke a daemon's current key, or the one --key-id names. Every request signed
 by it is refused from that moment; a long-poll already waiting ends normally
 and the next one is refused. To bring the daemon back, delete its key file so
 it makes a new key, and give it a fresh token from
 'lakeshore token create --enroll': a revoked key is never accepted again.
 --json prints {workerId, key: {keyId, createdAt, revokedAt}}.`,
-		Example: `  lakeshore daemon revoke-key gpu-rig
+		example: `  lakeshore daemon revoke-key gpu-rig
   lakeshore daemon revoke-key gpu-rig --key-id k_If4x36FUomFia_hUBG_SJw`,
-		Args:              exactArgs(1, "one <daemon>"),
-		ValidArgsFunction: a.completeDaemon,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, w, err := a.clientAndTarget(ctx, args[0], byID)
-			if err != nil {
-				return err
-			}
-			rv, err := c.RevokeKey(ctx, w.ID, keyID)
-			if err != nil {
-				return err
-			}
-			if jsonOut {
-				return writeJSON(a.env.Stdout, rv)
-			}
-			_, err = fmt.Fprintf(a.env.Stdout, "revoked key %s of %s\n", rv.Key.KeyID, describe(w))
+		flags: func(cmd *cobra.Command) {
+			cmd.Flags().StringVar(&keyID, "key-id", "", "the key to revoke (default: the daemon's current key)")
+		},
+		call: func(ctx context.Context, c *opclient.Client, w operatorapi.Worker) (operatorapi.RevokeKeyResponse, error) {
+			return c.RevokeKey(ctx, w.ID, keyID)
+		},
+		text: func(out io.Writer, w operatorapi.Worker, rv operatorapi.RevokeKeyResponse) error {
+			_, err := fmt.Fprintf(out, "revoked key %s of %s\n", rv.Key.KeyID, describe(w))
 			return err
 		},
-	}
-	cmd.Flags().StringVar(&keyID, "key-id", "", "the key to revoke (default: the daemon's current key)")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
-	cmd.Flags().BoolVar(&byID, "id", false, "take <daemon> as a literal worker id")
-	return cmd
+	})
 }

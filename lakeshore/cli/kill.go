@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 )
 
@@ -82,12 +84,7 @@ polling until you stop it on its host ('lakeshore daemon stop' there).
 			return nil
 		},
 		ValidArgsFunction: a.completeDaemon,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
 			if prefix == "" {
 				w, err := a.target(ctx, c, args[0], byID)
 				if err != nil {
@@ -146,7 +143,7 @@ polling until you stop it on its host ('lakeshore daemon stop' there).
 				}
 			}
 			return errors.Join(errs...)
-		},
+		}),
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&prefix, "prefix", "", "kill every daemon whose label starts with this")

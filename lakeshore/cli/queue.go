@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
+	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 )
 
@@ -37,12 +39,8 @@ letter or digit. Creating a queue that exists is not an error.
 		Example: `  lakeshore queue create training
   lakeshore daemon update gpu-rig --add-queue training`,
 		Args: exactArgs(1, "one NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			qc, err := c.CreateQueue(cmd.Context(), args[0])
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
+			qc, err := c.CreateQueue(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -55,7 +53,7 @@ letter or digit. Creating a queue that exists is not an error.
 			}
 			_, err = fmt.Fprintf(a.env.Stdout, "%s queue %s in namespace %q\n", verb, qc.Queue.Name, c.Namespace())
 			return err
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd
@@ -75,12 +73,8 @@ work.
 		Example: `  lakeshore queue list
   lakeshore queue list --json | jq -r '.queues[].name'`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			qs, err := c.ListQueues(cmd.Context())
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, _ []string) error {
+			qs, err := c.ListQueues(ctx)
 			if err != nil {
 				return err
 			}
@@ -102,7 +96,7 @@ work.
 				fmt.Fprintf(tw, "%s\t%s\t%d\n", q.Name, origin, len(q.Members))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd

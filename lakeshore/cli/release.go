@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
 
+	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 )
 
@@ -45,15 +47,11 @@ deleted.`,
 		Example: `  lakeshore release delete 0.1.9
   lakeshore release delete 0.2.0-rc.1 --triple aarch64-unknown-linux-gnu`,
 		Args: exactArgs(1, "one version"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
 			version := args[0]
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
 			triples := []string{triple}
 			if triple == "" {
-				all, err := c.ListReleases(cmd.Context())
+				all, err := c.ListReleases(ctx)
 				if err != nil {
 					return err
 				}
@@ -69,7 +67,7 @@ deleted.`,
 			}
 			deleted := []operatorapi.Release{}
 			for _, tr := range triples {
-				rel, err := c.DeleteRelease(cmd.Context(), version, tr)
+				rel, err := c.DeleteRelease(ctx, version, tr)
 				if err != nil {
 					return err
 				}
@@ -82,7 +80,7 @@ deleted.`,
 				return writeJSON(a.env.Stdout, operatorapi.ReleaseList{Releases: deleted})
 			}
 			return nil
-		},
+		}),
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&triple, "triple", "", "delete only the binary for this target triple")
@@ -165,12 +163,8 @@ was published. --json prints {"releases": [...]} with each download URL.`,
 		Example: `  lakeshore release list
   lakeshore release list --json | jq -r '.releases[-1].version'`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			rels, err := c.ListReleases(cmd.Context())
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, _ []string) error {
+			rels, err := c.ListReleases(ctx)
 			if err != nil {
 				return err
 			}
@@ -188,7 +182,7 @@ was published. --json prints {"releases": [...]} with each download URL.`,
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Version, r.Triple, byteSize(r.Size), r.SHA256, ago(now, r.PublishedAt))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd

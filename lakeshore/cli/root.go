@@ -13,6 +13,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
 
+	"nymph/backoff"
 	"nymph/buildinfo"
 	"nymph/lakeshore/localdaemon"
 	"nymph/lakeshore/opclient"
@@ -284,6 +285,18 @@ func (a *app) versionCmd() *cobra.Command {
 	return cmd
 }
 
+// requestAndClient is the prologue of the verbs that submit work: the
+// request the flags and the words make (stdin may feed it), then an
+// operator API client.
+func requestAndClient[R any](a *app, request func([]string, io.Reader) (R, error), words []string) (R, *opclient.Client, error) {
+	req, err := request(words, a.env.Stdin)
+	if err != nil {
+		return req, nil, err
+	}
+	c, err := a.client()
+	return req, c, err
+}
+
 // describe names a worker for messages: "label (id)".
 func describe(w operatorapi.Worker) string {
 	if w.Label == "" || w.Label == w.ID {
@@ -292,14 +305,6 @@ func describe(w operatorapi.Worker) string {
 	return fmt.Sprintf("%s (%s)", w.Label, w.ID)
 }
 
-// sleepCtx waits d or until ctx ends; it reports whether d elapsed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+// sleepCtx waits d or until ctx ends; it reports whether d elapsed. It is
+// backoff.Sleep, kept for install.go.
+func sleepCtx(ctx context.Context, d time.Duration) bool { return backoff.Sleep(ctx, d) }

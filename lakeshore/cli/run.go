@@ -92,11 +92,7 @@ as one msgpack value. --json prints the whole invocation instead
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			req, err := f.request(args, a.env.Stdin)
-			if err != nil {
-				return err
-			}
-			c, err := a.client()
+			req, c, err := requestAndClient(a, f.request, args)
 			if err != nil {
 				return err
 			}

@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 )
 
@@ -33,12 +35,8 @@ consumed), label and times. Secrets are never stored, so they are never shown.
 		Example: `  lakeshore token list
   lakeshore token list --json | jq -r '.tokens[] | select(.state == "active") | .id'`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			ts, err := c.ListTokens(cmd.Context())
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, _ []string) error {
+			ts, err := c.ListTokens(ctx)
 			if err != nil {
 				return err
 			}
@@ -60,7 +58,7 @@ consumed), label and times. Secrets are never stored, so they are never shown.
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Kind, t.State, orDash(t.Label), ago(now, t.CreatedAt), expires)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd
@@ -79,12 +77,8 @@ that is already revoked is not an error. --json prints the token as 'token
 list --json' shows it.`,
 		Example: `  lakeshore token revoke 01J9Z6S4K4X3T8W6Q1M2N3P4R5`,
 		Args:    exactArgs(1, "one token id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			t, err := c.RevokeToken(cmd.Context(), args[0])
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
+			t, err := c.RevokeToken(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -97,7 +91,7 @@ list --json' shows it.`,
 			}
 			_, err = fmt.Fprintf(a.env.Stdout, "revoked %s token %s%s\n", t.Kind, t.ID, label)
 			return err
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd

@@ -99,17 +99,12 @@ fanned out, {count, failed, results: [...]}.`,
 			return nil
 		},
 		ValidArgsFunction: a.completeDaemon,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
 			if len(args) == 1 {
 				return a.updateOne(ctx, c, args[0], f)
 			}
 			return a.updateMany(ctx, c, f)
-		},
+		}),
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&f.req.Version, "version", "", "target version (default: the namespace's target version)")
@@ -288,12 +283,8 @@ none is set.`,
 		Example: `  lakeshore daemon target-version
   lakeshore daemon target-version --json | jq -r .version`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			tv, err := c.TargetVersion(cmd.Context())
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, _ []string) error {
+			tv, err := c.TargetVersion(ctx)
 			if err != nil {
 				return err
 			}
@@ -301,7 +292,7 @@ none is set.`,
 				return writeJSON(a.env.Stdout, tv)
 			}
 			return a.printTarget(tv)
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd
@@ -344,16 +335,13 @@ plane: daemons could not download it from here.
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
+		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
 			var tv operatorapi.TargetVersion
+			var err error
 			if clear {
-				tv, err = c.ClearTargetVersion(cmd.Context())
+				tv, err = c.ClearTargetVersion(ctx)
 			} else {
-				tv, err = c.SetTargetVersion(cmd.Context(), args[0])
+				tv, err = c.SetTargetVersion(ctx, args[0])
 			}
 			if err != nil {
 				return err
@@ -370,7 +358,7 @@ plane: daemons could not download it from here.
 			}
 			_, err = fmt.Fprintf(a.env.Stdout, "target version of namespace %q set to %s\n", tv.Namespace, *tv.Version)
 			return err
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&clear, "clear", false, "remove the target version")
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")

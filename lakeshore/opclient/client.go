@@ -70,21 +70,13 @@ func (c *Client) BaseURL() string { return c.base.String() }
 
 // ListWorkers returns every worker of the namespace (RouteListWorkers).
 func (c *Client) ListWorkers(ctx context.Context) ([]operatorapi.Worker, error) {
-	var out operatorapi.WorkerList
-	if err := c.do(ctx, operatorapi.RouteListWorkers, nil, nil, nil, &out); err != nil {
-		return nil, err
-	}
-	if out.Workers == nil {
-		out.Workers = []operatorapi.Worker{}
-	}
-	return out.Workers, nil
+	out, err := call[operatorapi.WorkerList](ctx, c, operatorapi.RouteListWorkers, nil, nil, nil)
+	return nonNil(out.Workers, err)
 }
 
 // GetWorker returns one worker by id (RouteGetWorker).
 func (c *Client) GetWorker(ctx context.Context, workerID string) (operatorapi.Worker, error) {
-	var out operatorapi.Worker
-	err := c.do(ctx, operatorapi.RouteGetWorker, params{"id": workerID}, nil, nil, &out)
-	return out, err
+	return call[operatorapi.Worker](ctx, c, operatorapi.RouteGetWorker, params{"id": workerID}, nil, nil)
 }
 
 // KillWorker deletes a worker row (RouteKillWorker). With terminate false
@@ -95,15 +87,12 @@ func (c *Client) KillWorker(ctx context.Context, workerID string, terminate bool
 	if !terminate {
 		q = url.Values{"terminate": {"false"}}
 	}
-	var out operatorapi.KillResponse
-	err := c.do(ctx, operatorapi.RouteKillWorker, params{"id": workerID}, q, nil, &out)
-	return out, err
+	return call[operatorapi.KillResponse](ctx, c, operatorapi.RouteKillWorker, params{"id": workerID}, q, nil)
 }
 
 // Cleanup deletes (or, dry, lists) workers not seen for a while (RouteCleanup).
 func (c *Client) Cleanup(ctx context.Context, req operatorapi.CleanupRequest) (operatorapi.CleanupResponse, error) {
-	var out operatorapi.CleanupResponse
-	err := c.do(ctx, operatorapi.RouteCleanup, nil, nil, req, &out)
+	out, err := call[operatorapi.CleanupResponse](ctx, c, operatorapi.RouteCleanup, nil, nil, req)
 	if out.Deleted == nil {
 		out.Deleted = []operatorapi.Worker{}
 	}
@@ -133,11 +122,7 @@ func (c *Client) SubmitQueueExec(ctx context.Context, req operatorapi.ExecReques
 
 func (c *Client) submitExec(ctx context.Context, route string, p params, req operatorapi.ExecRequest, wait time.Duration) (operatorapi.ExecAccepted, *operatorapi.Exec, error) {
 	var acc operatorapi.ExecAccepted
-	q := url.Values{}
-	if wait > 0 {
-		q.Set("wait", strconv.FormatFloat(wait.Seconds(), 'f', -1, 64))
-	}
-	resp, where, err := c.send(ctx, route, p, q, req)
+	resp, where, err := c.send(ctx, route, p, waitQuery(wait), req)
 	if err != nil {
 		return acc, nil, err
 	}
@@ -174,23 +159,16 @@ func (c *Client) QueueExec(ctx context.Context, req operatorapi.ExecRequest) (op
 // something changes (the server caps it at 20 s); offset skips streamed
 // output already seen.
 func (c *Client) GetExec(ctx context.Context, execID string, wait time.Duration, offset int64) (operatorapi.Exec, error) {
-	q := url.Values{}
-	if wait > 0 {
-		q.Set("wait", strconv.FormatFloat(wait.Seconds(), 'f', -1, 64))
-	}
+	q := waitQuery(wait)
 	if offset > 0 {
 		q.Set("offset", fmt.Sprint(offset))
 	}
-	var out operatorapi.Exec
-	err := c.do(ctx, operatorapi.RouteGetExec, params{"exec_id": execID}, q, nil, &out)
-	return out, err
+	return call[operatorapi.Exec](ctx, c, operatorapi.RouteGetExec, params{"exec_id": execID}, q, nil)
 }
 
 // Setup queues a setup script on a worker (RouteSetup).
 func (c *Client) Setup(ctx context.Context, workerID string, req operatorapi.SetupRequest) (operatorapi.Queued, error) {
-	var out operatorapi.Queued
-	err := c.do(ctx, operatorapi.RouteSetup, params{"id": workerID}, nil, req, &out)
-	return out, err
+	return call[operatorapi.Queued](ctx, c, operatorapi.RouteSetup, params{"id": workerID}, nil, req)
 }
 
 // Hibernate asks a worker to stop polling until the deadline (RouteHibernate).
@@ -200,48 +178,34 @@ func (c *Client) Hibernate(ctx context.Context, workerID string, until time.Time
 	if until.Nanosecond() > 0 {
 		secs++
 	}
-	var out operatorapi.Queued
-	err := c.do(ctx, operatorapi.RouteHibernate, params{"id": workerID}, nil, operatorapi.HibernateRequest{UntilEpochS: secs}, &out)
-	return out, err
+	return call[operatorapi.Queued](ctx, c, operatorapi.RouteHibernate, params{"id": workerID}, nil, operatorapi.HibernateRequest{UntilEpochS: secs})
 }
 
 // Reset queues a reset_backoff command on a worker (RouteReset).
 func (c *Client) Reset(ctx context.Context, workerID string) (operatorapi.Queued, error) {
-	var out operatorapi.Queued
-	err := c.do(ctx, operatorapi.RouteReset, params{"id": workerID}, nil, struct{}{}, &out)
-	return out, err
+	return call[operatorapi.Queued](ctx, c, operatorapi.RouteReset, params{"id": workerID}, nil, struct{}{})
 }
 
 // Cancel stops a running exec or invocation on a worker (RouteCancel).
 func (c *Client) Cancel(ctx context.Context, workerID string, req operatorapi.CancelRequest) (operatorapi.Queued, error) {
-	var out operatorapi.Queued
-	err := c.do(ctx, operatorapi.RouteCancel, params{"id": workerID}, nil, req, &out)
-	return out, err
+	return call[operatorapi.Queued](ctx, c, operatorapi.RouteCancel, params{"id": workerID}, nil, req)
 }
 
 // CreateToken mints a daemon bearer or enrollment token (RouteCreateToken).
 func (c *Client) CreateToken(ctx context.Context, req operatorapi.TokenRequest) (operatorapi.TokenResponse, error) {
-	var out operatorapi.TokenResponse
-	err := c.do(ctx, operatorapi.RouteCreateToken, nil, nil, req, &out)
-	return out, err
+	return call[operatorapi.TokenResponse](ctx, c, operatorapi.RouteCreateToken, nil, nil, req)
 }
 
 // ListTokens lists every minted token, oldest first (RouteListTokens).
 func (c *Client) ListTokens(ctx context.Context) ([]operatorapi.TokenInfo, error) {
-	var out operatorapi.TokenList
-	err := c.do(ctx, operatorapi.RouteListTokens, nil, nil, nil, &out)
-	if out.Tokens == nil {
-		out.Tokens = []operatorapi.TokenInfo{}
-	}
-	return out.Tokens, err
+	out, err := call[operatorapi.TokenList](ctx, c, operatorapi.RouteListTokens, nil, nil, nil)
+	return nonNil(out.Tokens, err)
 }
 
 // RevokeToken revokes a token by id (RouteRevokeToken); the next request
 // made with it is refused.
 func (c *Client) RevokeToken(ctx context.Context, id string) (operatorapi.TokenInfo, error) {
-	var out operatorapi.TokenInfo
-	err := c.do(ctx, operatorapi.RouteRevokeToken, params{"token_id": id}, nil, nil, &out)
-	return out, err
+	return call[operatorapi.TokenInfo](ctx, c, operatorapi.RouteRevokeToken, params{"token_id": id}, nil, nil)
 }
 
 // ListCommands returns a worker's queued and delivered commands
@@ -273,6 +237,34 @@ func (c *Client) ListCommands(ctx context.Context, workerID string) ([]operatora
 }
 
 type params map[string]string
+
+// waitQuery asks a long poll to wait up to wait; 0 asks for no wait.
+func waitQuery(wait time.Duration) url.Values {
+	q := url.Values{}
+	if wait > 0 {
+		q.Set("wait", strconv.FormatFloat(wait.Seconds(), 'f', -1, 64))
+	}
+	return q
+}
+
+// call does one request and decodes its answer as a T.
+func call[T any](ctx context.Context, c *Client, route string, p params, q url.Values, body any) (T, error) {
+	var out T
+	err := c.do(ctx, route, p, q, body, &out)
+	return out, err
+}
+
+// nonNil is a list answer's items, never nil (so --json prints [], not
+// null), or nil with the error.
+func nonNil[T any](items []T, err error) ([]T, error) {
+	if err != nil {
+		return nil, err
+	}
+	if items == nil {
+		items = []T{}
+	}
+	return items, nil
+}
 
 // routePath splits an operatorapi route ("METHOD /path/{x}") and fills in
 // its placeholders, escaping each value as one path segment.
@@ -324,6 +316,13 @@ func (c *Client) do(ctx context.Context, route string, p params, q url.Values, b
 	return nil
 }
 
+// upload is a request body sent as it is (application/octet-stream), not
+// as JSON; size is its length, or -1 when unknown.
+type upload struct {
+	r    io.Reader
+	size int64
+}
+
 // endpoint names a request in errors.
 type endpoint struct{ method, path, url string }
 
@@ -340,20 +339,31 @@ func (c *Client) send(ctx context.Context, route string, p params, q url.Values,
 		target += "?" + q.Encode()
 	}
 	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
+	ctype := "application/json"
+	switch b := body.(type) {
+	case nil:
+	case upload:
+		rd, ctype = b.r, "application/octet-stream"
+	default:
+		data, err := json.Marshal(body)
 		if err != nil {
 			return nil, where, fmt.Errorf("encode %s body: %w", route, err)
 		}
-		rd = bytes.NewReader(b)
+		rd = bytes.NewReader(data)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, target, rd)
 	if err != nil {
 		return nil, where, fmt.Errorf("%s %s: %w", method, path, err)
 	}
+	if up, ok := body.(upload); ok {
+		req.ContentLength = up.size
+		if up.size == 0 {
+			req.Body = http.NoBody
+		}
+	}
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", ctype)
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)

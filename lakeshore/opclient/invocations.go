@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"nymph/backoff"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
 )
@@ -26,22 +27,14 @@ const (
 
 // SubmitInvocation queues a function invocation (RouteSubmitInvocation).
 func (c *Client) SubmitInvocation(ctx context.Context, req operatorapi.InvocationRequest) (operatorapi.InvocationSubmitted, error) {
-	var out operatorapi.InvocationSubmitted
-	err := c.do(ctx, operatorapi.RouteSubmitInvocation, nil, nil, req, &out)
-	return out, err
+	return call[operatorapi.InvocationSubmitted](ctx, c, operatorapi.RouteSubmitInvocation, nil, nil, req)
 }
 
 // GetInvocation reads an invocation (RouteGetInvocation). A positive wait
 // long-polls until its state changes or is terminal; the server caps it at
 // operatorapi.MaxWait.
 func (c *Client) GetInvocation(ctx context.Context, id string, wait time.Duration) (operatorapi.Invocation, error) {
-	q := url.Values{}
-	if wait > 0 {
-		q.Set("wait", strconv.FormatFloat(wait.Seconds(), 'f', -1, 64))
-	}
-	var out operatorapi.Invocation
-	err := c.do(ctx, operatorapi.RouteGetInvocation, params{"inv_id": id}, q, nil, &out)
-	return out, err
+	return call[operatorapi.Invocation](ctx, c, operatorapi.RouteGetInvocation, params{"inv_id": id}, waitQuery(wait), nil)
 }
 
 // InvocationFilter narrows ListInvocations; zero fields match everything
@@ -65,22 +58,14 @@ func (c *Client) ListInvocations(ctx context.Context, f InvocationFilter) ([]ope
 	if f.Limit > 0 {
 		q.Set("limit", strconv.Itoa(f.Limit))
 	}
-	var out operatorapi.InvocationList
-	if err := c.do(ctx, operatorapi.RouteListInvocations, nil, q, nil, &out); err != nil {
-		return nil, err
-	}
-	if out.Invocations == nil {
-		out.Invocations = []operatorapi.Invocation{}
-	}
-	return out.Invocations, nil
+	out, err := call[operatorapi.InvocationList](ctx, c, operatorapi.RouteListInvocations, nil, q, nil)
+	return nonNil(out.Invocations, err)
 }
 
 // CancelInvocation cancels a queued invocation at once, or asks the daemon
 // running it to stop (RouteCancelInvocation).
 func (c *Client) CancelInvocation(ctx context.Context, id string) (operatorapi.CancelInvocationResponse, error) {
-	var out operatorapi.CancelInvocationResponse
-	err := c.do(ctx, operatorapi.RouteCancelInvocation, params{"inv_id": id}, nil, struct{}{}, &out)
-	return out, err
+	return call[operatorapi.CancelInvocationResponse](ctx, c, operatorapi.RouteCancelInvocation, params{"inv_id": id}, nil, struct{}{})
 }
 
 // WaitInvocation follows an invocation until it is terminal and returns it.
@@ -88,7 +73,7 @@ func (c *Client) CancelInvocation(ctx context.Context, id string) (operatorapi.C
 // poll that ran out). Transport failures and a restarting server are
 // retried with backoff until ctx ends; other errors end the wait.
 func (c *Client) WaitInvocation(ctx context.Context, id string, progress func(operatorapi.Invocation, error)) (operatorapi.Invocation, error) {
-	backoff := waitRetryMin
+	retry := backoff.New(waitRetryMin, waitRetryMax)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, waitPoll+waitSlack)
 		inv, err := c.GetInvocation(rctx, id, waitPoll)
@@ -103,17 +88,12 @@ func (c *Client) WaitInvocation(ctx context.Context, id string, progress func(op
 			if progress != nil {
 				progress(operatorapi.Invocation{}, err)
 			}
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !retry.Wait(ctx) {
 				return inv, ctx.Err()
-			case <-t.C:
 			}
-			backoff = min(backoff*2, waitRetryMax)
 			continue
 		}
-		backoff = waitRetryMin
+		retry.Reset()
 		if progress != nil {
 			progress(inv, nil)
 		}
@@ -125,9 +105,7 @@ func (c *Client) WaitInvocation(ctx context.Context, id string, progress func(op
 
 // Presign asks the payload store for a URL (RoutePresign, as JSON).
 func (c *Client) Presign(ctx context.Context, req messages.PresignRequest) (messages.PresignResponse, error) {
-	var out messages.PresignResponse
-	err := c.do(ctx, operatorapi.RoutePresign, nil, nil, req, &out)
-	return out, err
+	return call[messages.PresignResponse](ctx, c, operatorapi.RoutePresign, nil, nil, req)
 }
 
 // UploadPayload stores data in the payload store and returns its ref; kind

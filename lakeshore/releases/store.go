@@ -1,7 +1,6 @@
 package releases
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -20,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"nymph/atomicfile"
 	"nymph/dist"
 )
 
@@ -226,10 +226,7 @@ func (s *Store) Publish(ctx context.Context, src io.Reader, version, triple stri
 			return err
 		}
 		tmpName = ""
-		if err := writeFileAtomic(rel.Path+dist.SidecarExt, []byte(rel.Sidecar()), 0o644); err != nil {
-			return err
-		}
-		if err := syncDir(vdir); err != nil {
+		if err := atomicfile.Write(rel.Path+dist.SidecarExt, []byte(rel.Sidecar()), 0o644); err != nil {
 			return err
 		}
 		idx.upsert(indexEntry{Version: version, Triple: triple, SHA256: rel.SHA256, Size: n, PublishedAt: rel.PublishedAt.UnixMilli()})
@@ -246,21 +243,14 @@ func (s *Store) Publish(ctx context.Context, src io.Reader, version, triple stri
 // sidecar, and the version's directory once empty. An error wraps
 // ErrNotFound when there is no such release.
 func (s *Store) Delete(version, triple string) (Release, error) {
-	if err := ValidateVersion(version); err != nil {
-		return Release{}, err
-	}
-	if err := ValidateTriple(triple); err != nil {
+	if err := validatePair(version, triple); err != nil {
 		return Release{}, err
 	}
 	var rel Release
 	err := s.locked(syscall.LOCK_EX, func() error {
-		idx, err := s.readIndex()
+		idx, i, err := s.lookup(version, triple)
 		if err != nil {
 			return err
-		}
-		i := idx.find(version, triple)
-		if i < 0 {
-			return fmt.Errorf("%w: no release %s for %s", ErrNotFound, version, triple)
 		}
 		rel = s.release(idx.Releases[i])
 		idx.Releases = append(idx.Releases[:i], idx.Releases[i+1:]...)
@@ -276,7 +266,7 @@ func (s *Store) Delete(version, triple string) (Release, error) {
 		if err := os.Remove(vdir); err != nil && !errors.Is(err, os.ErrExist) && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
-		return syncDir(s.dir)
+		return atomicfile.SyncDir(s.dir)
 	})
 	if err != nil {
 		return Release{}, fmt.Errorf("releases: delete %s/%s: %w", version, triple, err)
@@ -341,10 +331,7 @@ func (s *Store) Latest(triple string) (Release, error) {
 // shared lock is held, so the bytes read later match the returned checksum
 // even if the release is re-published meanwhile.
 func (s *Store) open(version, triple string, withFile bool) (Release, *os.File, error) {
-	if err := ValidateVersion(version); err != nil {
-		return Release{}, nil, err
-	}
-	if err := ValidateTriple(triple); err != nil {
+	if err := validatePair(version, triple); err != nil {
 		return Release{}, nil, err
 	}
 	var (
@@ -352,13 +339,9 @@ func (s *Store) open(version, triple string, withFile bool) (Release, *os.File, 
 		f   *os.File
 	)
 	err := s.locked(syscall.LOCK_SH, func() error {
-		idx, err := s.readIndex()
+		idx, i, err := s.lookup(version, triple)
 		if err != nil {
 			return err
-		}
-		i := idx.find(version, triple)
-		if i < 0 {
-			return fmt.Errorf("%w: no release %s for %s", ErrNotFound, version, triple)
 		}
 		rel = s.release(idx.Releases[i])
 		if withFile {
@@ -370,6 +353,27 @@ func (s *Store) open(version, triple string, withFile bool) (Release, *os.File, 
 		return nil
 	})
 	return rel, f, err
+}
+
+func validatePair(version, triple string) error {
+	if err := ValidateVersion(version); err != nil {
+		return err
+	}
+	return ValidateTriple(triple)
+}
+
+// lookup reads the index and finds version and triple in it, or returns an
+// error wrapping ErrNotFound. The caller holds the lock.
+func (s *Store) lookup(version, triple string) (*indexFile, int, error) {
+	idx, err := s.readIndex()
+	if err != nil {
+		return nil, -1, err
+	}
+	i := idx.find(version, triple)
+	if i < 0 {
+		return nil, -1, fmt.Errorf("%w: no release %s for %s", ErrNotFound, version, triple)
+	}
+	return idx, i, nil
 }
 
 func (s *Store) release(e indexEntry) Release {
@@ -427,7 +431,7 @@ func (s *Store) writeIndex(idx *indexFile) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(s.dir, indexName), append(data, '\n'), 0o644)
+	return atomicfile.Write(filepath.Join(s.dir, indexName), append(data, '\n'), 0o644)
 }
 
 func (idx *indexFile) find(version, triple string) int {
@@ -526,50 +530,4 @@ func (c ctxReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.r.Read(p)
-}
-
-// writeFileAtomic writes data through a temporary file in the same
-// directory, fsyncs it and renames it over path.
-func writeFileAtomic(path string, data []byte, mode fs.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	name := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			_ = f.Close()
-			_ = os.Remove(name)
-		}
-	}()
-	if _, err := io.Copy(f, bytes.NewReader(data)); err != nil {
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(name, path); err != nil {
-		return err
-	}
-	ok = true
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return fmt.Errorf("fsync directory %s: %w", dir, err)
-	}
-	return nil
 }

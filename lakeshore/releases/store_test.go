@@ -85,7 +85,9 @@ func assertNoTemps(t *testing.T, dir string) {
 		if err != nil {
 			return err
 		}
-		if strings.HasSuffix(p, ".tmp") {
+		// Temporary files are dot-files: the publish upload's .publish-*.tmp
+		// and atomicfile's .<name><random>.
+		if base := filepath.Base(p); strings.HasPrefix(base, ".") && base != indexName && base != lockName {
 			t.Errorf("temporary file left behind: %s", p)
 		}
 		return nil
