@@ -16,8 +16,8 @@ import (
 	"github.com/google/renameio/v2"
 )
 
-// Write replaces path with data, created with perm (the umask applies, as
-// with os.WriteFile; an existing file's mode is not kept).
+// Write replaces path with data, with mode perm exactly (no umask; an
+// existing file's mode is not kept).
 func Write(path string, data []byte, perm os.FileMode) error {
 	f, err := Create(path, perm)
 	if err != nil {
