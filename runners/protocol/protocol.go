@@ -1,8 +1,10 @@
 // Package protocol owns the host side of the function protocol that every
 // process-based runner speaks: the layout of an invocation's scratch
 // directory (args, result, error and script files), the protocol's
-// environment variables, and turning how a command ended plus the files it
-// left into a runners.Outcome.
+// environment variables, turning how a command ended plus the files it
+// left into a runners.Outcome, and (Host) the run of such a command from
+// spec to outcome, so that each runner keeps only what differs: which
+// command runs, where, and what it leaves outside its process group.
 package protocol
 
 import (

@@ -1,0 +1,178 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"nymph/messages"
+	"nymph/runners"
+	"nymph/runners/procgroup"
+)
+
+// Host is the part of a runner that every kind running a command shares:
+// its kind and log, the kill grace, and what wraps the function on the
+// host's side (the shell of scripts, runuser for Spec.AsUser). A runner
+// keeps one, set up by its options, and leaves the run itself to Exec.
+type Host struct {
+	Kind string
+	// Log is the daemon's; RunLog tags it with the kind and the run.
+	Log       zerolog.Logger
+	KillGrace time.Duration
+	// Shell runs Spec.Script.
+	Shell   string
+	Runuser string
+}
+
+// NewHost returns the defaults: bash, runuser and procgroup's kill grace.
+func NewHost(kind string, log zerolog.Logger) Host {
+	return Host{Kind: kind, Log: log, KillGrace: procgroup.DefaultKillGrace, Shell: "bash", Runuser: "runuser"}
+}
+
+// SetKillGrace sets the time between SIGTERM and SIGKILL when a run is
+// stopped; a d that is not positive keeps the current one.
+func (h *Host) SetKillGrace(d time.Duration) {
+	if d > 0 {
+		h.KillGrace = d
+	}
+}
+
+// RunLog is the log of one run: the runner's kind and the invocation id.
+func (h *Host) RunLog(spec runners.Spec) zerolog.Context {
+	return h.Log.With().Str("runner", h.Kind).Str("invocation_id", spec.InvocationID)
+}
+
+// FunctionArgv is the command of a function that is an executable:
+// Function.Module, with Function.Qualname, when set, as its one argument.
+func FunctionArgv(fn messages.FunctionRef) []string {
+	if fn.Module == "" {
+		return nil
+	}
+	if fn.Qualname == "" {
+		return []string{fn.Module}
+	}
+	return []string{fn.Module, fn.Qualname}
+}
+
+// invalidSpec marks an error that is the spec's fault: Exec reports it as
+// a failed outcome (Invalid), not as the runner's error.
+type invalidSpec struct{ error }
+
+// Command is what runs for spec where the host's files are seen as they
+// are (on the host, in a sandbox over the host filesystem, in a job on a
+// shared filesystem): Spec.Script under the shell, otherwise fn, by
+// default FunctionArgv. For Spec.AsUser the scratch directory is handed to
+// that user and the command wrapped in `runuser -u USER --`.
+func (h *Host) Command(spec runners.Spec, f Files, fn ...string) ([]string, error) {
+	argv := fn
+	if spec.Script != "" {
+		if err := WriteScript(f, spec.Script); err != nil {
+			return nil, err
+		}
+		argv = []string{h.Shell, f.Script}
+	} else if len(argv) == 0 {
+		argv = FunctionArgv(spec.Function)
+	}
+	if spec.AsUser != "" {
+		if err := GiveTo(f, spec.AsUser); err != nil {
+			return nil, invalidSpec{err}
+		}
+		argv = append([]string{h.Runuser, "-u", spec.AsUser, "--"}, argv...)
+	}
+	return argv, nil
+}
+
+// Job is how a runner kind runs one invocation; Exec does the rest.
+type Job struct {
+	// Log is the run's (RunLog, plus whatever names the run).
+	Log zerolog.Logger
+	// Bin, when set, is the executable the run cannot do without: it is
+	// looked up before anything is written, and Build gets its path.
+	Bin string
+	// Build makes the command once the scratch directory is prepared.
+	Build func(f Files, bin string) (Launch, error)
+}
+
+// Launch is the command Build made.
+type Launch struct {
+	// Argv, Env, Dir and Stop are the runner's; Exec sets Stdin, Output,
+	// Timeout and KillGrace from the spec and the Host.
+	procgroup.Command
+	// Remove, when set, runs after a stopped run, given RemoveTimeout even
+	// when the run's context is cancelled: a command stopped while it was
+	// still submitting may have left what it starts outside its process
+	// group (a container, a batch job) behind, and that must be gone
+	// before the outcome is reported.
+	Remove        func(ctx context.Context) error
+	RemoveTimeout time.Duration
+	// Left and Stopping are the log messages of an error of Remove and of
+	// Command.Stop.
+	Left, Stopping string
+	// After, when set, runs once the command has ended, before the outcome
+	// is read.
+	After func(procgroup.Result)
+}
+
+// Exec runs one invocation the way every command runner does: it checks
+// Spec.Env, looks up job.Bin, prepares the scratch directory, has
+// job.Build make the command, runs it in its own process group with the
+// args file on stdin, and reads the outcome from the files it left (see
+// Collect). Errors are the runner's ("<kind> runner: ..."), except those of
+// the spec itself, which are failed outcomes.
+func (h *Host) Exec(ctx context.Context, spec runners.Spec, job Job) (runners.Outcome, error) {
+	if err := CheckEnv(spec.Env); err != nil {
+		return Invalid(err.Error()), nil
+	}
+	bin := job.Bin
+	if bin != "" {
+		var err error
+		if bin, err = exec.LookPath(bin); err != nil {
+			return h.fail(err)
+		}
+	}
+	files, err := Prepare(spec)
+	if err != nil {
+		return h.fail(err)
+	}
+	l, err := job.Build(files, bin)
+	if err != nil {
+		return h.fail(err)
+	}
+	c := l.Command
+	c.Stdin, c.Output, c.Timeout, c.KillGrace = files.Args, spec.Output, spec.Timeout, h.KillGrace
+
+	log := job.Log
+	log.Debug().Strs("argv", c.Argv).Msg("starting")
+	res, err := procgroup.Run(ctx, c)
+	if err != nil {
+		return h.fail(err)
+	}
+	if res.Stopped != procgroup.NotStopped && l.Remove != nil {
+		removeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.RemoveTimeout)
+		if err := l.Remove(removeCtx); err != nil {
+			log.Error().Err(err).Msg(l.Left)
+		}
+		cancel()
+	}
+	if res.StopErr != nil {
+		log.Warn().Err(res.StopErr).Msg(l.Stopping)
+	}
+	if l.After != nil {
+		l.After(res)
+	}
+	out := Collect(files, res, spec.Timeout)
+	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
+	return out, nil
+}
+
+func (h *Host) fail(err error) (runners.Outcome, error) {
+	var bad invalidSpec
+	if errors.As(err, &bad) {
+		return Invalid(err.Error()), nil
+	}
+	return runners.Outcome{}, fmt.Errorf("%s runner: %w", h.Kind, err)
+}
