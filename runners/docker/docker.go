@@ -130,12 +130,9 @@ func WithOwner(marker string) Option {
 
 // New returns a docker runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
-	r := &Runner{host: protocol.NewHost(Kind, log), owner: os.Getenv(orphans.EnvVar), cli: "docker"}
-	r.host.Shell = "/bin/sh"
-	for _, o := range opts {
-		o(r)
-	}
-	return r
+	host := protocol.NewHost(Kind, log)
+	host.Shell = "/bin/sh"
+	return protocol.Apply(&Runner{host: host, owner: os.Getenv(orphans.EnvVar), cli: "docker"}, opts)
 }
 
 // Kind implements runners.Runner.

@@ -97,11 +97,7 @@ func WithContainerRunner(c *docker.Runner) Option {
 
 // New returns a gvisor runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
-	r := &Runner{host: protocol.NewHost(Kind, log), runsc: "runsc"}
-	for _, o := range opts {
-		o(r)
-	}
-	return r
+	return protocol.Apply(&Runner{host: protocol.NewHost(Kind, log), runsc: "runsc"}, opts)
 }
 
 // Kind implements runners.Runner.

@@ -69,11 +69,7 @@ func WithRunuser(path string) Option {
 
 // New returns a process runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
-	r := &Runner{host: protocol.NewHost(Kind, log)}
-	for _, o := range opts {
-		o(r)
-	}
-	return r
+	return protocol.Apply(&Runner{host: protocol.NewHost(Kind, log)}, opts)
 }
 
 // Kind implements runners.Runner.

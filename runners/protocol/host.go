@@ -33,6 +33,15 @@ func NewHost(kind string, log zerolog.Logger) Host {
 	return Host{Kind: kind, Log: log, KillGrace: procgroup.DefaultKillGrace, Shell: "bash", Runuser: "runuser"}
 }
 
+// Apply configures r with opts, in order, and returns it: the New of every
+// runner.
+func Apply[R any, O ~func(*R)](r *R, opts []O) *R {
+	for _, o := range opts {
+		o(r)
+	}
+	return r
+}
+
 // SetKillGrace sets the time between SIGTERM and SIGKILL when a run is
 // stopped; a d that is not positive keeps the current one.
 func (h *Host) SetKillGrace(d time.Duration) {

@@ -68,11 +68,7 @@ func WithKillGrace(d time.Duration) Option {
 
 // New returns a python runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
-	r := &Runner{host: protocol.NewHost(Kind, log), python: "python3"}
-	for _, o := range opts {
-		o(r)
-	}
-	return r
+	return protocol.Apply(&Runner{host: protocol.NewHost(Kind, log), python: "python3"}, opts)
 }
 
 // Kind implements runners.Runner.

@@ -25,6 +25,7 @@ import (
 	"nymph/messages"
 	"nymph/runners"
 	"nymph/runners/procgroup"
+	"nymph/test/wait"
 )
 
 // Caps says what a runner kind supports, and so which form each scenario
@@ -169,25 +170,11 @@ func (s *suite) python(spec *runners.Spec, qualname string, args any) {
 
 func (s *suite) run(t *testing.T, ctx context.Context, r runners.Runner, spec runners.Spec) runners.Outcome {
 	t.Helper()
-	type ret struct {
-		out runners.Outcome
-		err error
+	out, err := Start(ctx, r, spec).Wait(t, s.caps.RunDeadline, "Run to return")
+	if err != nil {
+		t.Fatalf("Run: %v", err)
 	}
-	done := make(chan ret, 1)
-	go func() {
-		out, err := r.Run(ctx, spec)
-		done <- ret{out, err}
-	}()
-	select {
-	case got := <-done:
-		if got.err != nil {
-			t.Fatalf("Run: %v", got.err)
-		}
-		return got.out
-	case <-time.After(s.caps.RunDeadline):
-		t.Fatalf("Run did not return within %s", s.caps.RunDeadline)
-	}
-	return runners.Outcome{}
+	return out
 }
 
 func wantState(t *testing.T, out runners.Outcome, state string) {
@@ -494,54 +481,38 @@ func (s *suite) cancelKillsTree(t *testing.T) {
 
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
-	type ret struct {
-		out runners.Outcome
-		err error
-	}
-	done := make(chan ret, 1)
-	go func() {
-		out, err := r.Run(ctx, spec)
-		done <- ret{out, err}
-	}()
+	run := Start(ctx, r, spec)
 	select {
 	case <-ready:
-	case got := <-done:
-		t.Fatalf("run ended before it was ready: %+v %v (output %q)", got.out, got.err, output.String())
+	case <-run.Done():
+		out, err := run.Result()
+		t.Fatalf("run ended before it was ready: %+v %v (output %q)", out, err, output.String())
 	case <-time.After(s.caps.RunDeadline):
 		t.Fatalf("no READY within %s (output %q)", s.caps.RunDeadline, output.String())
 	}
 	// READY can be printed before the forked grandchild has exec'd.
-	if !s.caps.Sandboxed && !eventually(s.caps.RunDeadline, func() bool {
-		live, _ := procgroup.WithCmdline(marker)
-		return len(live) > 0
-	}) {
-		t.Fatalf("grandchild with marker %s not visible before cancel", marker)
+	if !s.caps.Sandboxed {
+		wait.For(t, s.caps.RunDeadline, "grandchild with marker "+marker+" visible before cancel", func() bool {
+			live, _ := procgroup.WithCmdline(marker)
+			return len(live) > 0
+		})
 	}
 	if live, _ := procgroup.WithCmdline(spec.ScratchDir); len(live) == 0 {
 		t.Fatalf("no process names the scratch dir %s before cancel", spec.ScratchDir)
 	}
 	pid := readyPID(output.String())
 	cancel(errors.New("daemon shutdown grace expired"))
-	var got ret
-	select {
-	case got = <-done:
-	case <-time.After(s.caps.RunDeadline):
-		t.Fatalf("Run did not return within %s of cancel", s.caps.RunDeadline)
+	out, err := run.Wait(t, s.caps.RunDeadline, "Run to return after cancel")
+	if err != nil {
+		t.Fatalf("Run: %v", err)
 	}
-	if got.err != nil {
-		t.Fatalf("Run: %v", got.err)
+	wantState(t, out, messages.StateKilled)
+	if out.Error == nil || out.Error.Type != runners.ErrorTypeCancelled ||
+		out.Error.Message != "daemon shutdown grace expired" {
+		t.Fatalf("error = %s, want Cancelled with the cancel cause as message", describe(out.Error))
 	}
-	wantState(t, got.out, messages.StateKilled)
-	if got.out.Error == nil || got.out.Error.Type != runners.ErrorTypeCancelled ||
-		got.out.Error.Message != "daemon shutdown grace expired" {
-		t.Fatalf("error = %s, want Cancelled with the cancel cause as message", describe(got.out.Error))
-	}
-	if live, err := procgroup.WithCmdline(marker); err != nil || len(live) != 0 {
-		t.Fatalf("processes with marker still alive after Run returned: %v (%v)", live, err)
-	}
-	if live, err := procgroup.WithCmdline(spec.ScratchDir); err != nil || len(live) != 0 {
-		t.Fatalf("processes naming the scratch dir still alive after Run returned: %v (%v)", live, err)
-	}
+	NoneNaming(t, marker, "after Run returned")
+	NoneNaming(t, spec.ScratchDir, "after Run returned")
 	if s.caps.HostPIDs {
 		if pid <= 0 {
 			t.Fatalf("no pid in READY line: %q", output.String())
@@ -550,18 +521,6 @@ func (s *suite) cancelKillsTree(t *testing.T) {
 			t.Fatalf("grandchild pid %d still alive after Run returned", pid)
 		}
 	}
-}
-
-// eventually polls cond until it holds or limit passes.
-func eventually(limit time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
 }
 
 func readyPID(out string) int {

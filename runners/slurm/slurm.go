@@ -110,16 +110,12 @@ func WithOwner(marker string) Option {
 func New(log zerolog.Logger, opts ...Option) *Runner {
 	// Without a host name the comment is the mark alone.
 	hostname, _ := os.Hostname()
-	r := &Runner{
+	return protocol.Apply(&Runner{
 		host:     protocol.NewHost(Kind, log),
 		owner:    os.Getenv(orphans.EnvVar),
 		hostname: hostname,
 		env:      map[string]string{},
-	}
-	for _, o := range opts {
-		o(r)
-	}
-	return r
+	}, opts)
 }
 
 // Kind implements runners.Runner.
