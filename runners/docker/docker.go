@@ -31,10 +31,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -220,19 +221,10 @@ func (r *Runner) argv(spec runners.Spec, f protocol.Files, cli, name string) ([]
 	} else {
 		argv = append(argv, "-w", ContainerDir)
 	}
-	env := make(map[string]string, len(spec.Env)+6)
-	for k, v := range spec.Env {
-		env[k] = v
-	}
-	for k, v := range protocol.Env(spec, inside) {
-		env[k] = v
-	}
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	env := map[string]string{}
+	maps.Copy(env, spec.Env)
+	maps.Copy(env, protocol.Env(spec, inside))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
 		argv = append(argv, "-e", k+"="+env[k])
 	}
 	if spec.AsUser != "" {

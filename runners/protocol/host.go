@@ -14,18 +14,14 @@ import (
 	"nymph/runners/procgroup"
 )
 
-// Host is the part of a runner that every kind running a command shares:
-// its kind and log, the kill grace, and what wraps the function on the
-// host's side (the shell of scripts, runuser for Spec.AsUser). A runner
-// keeps one, set up by its options, and leaves the run itself to Exec.
+// Host is what every runner of a command keeps, set by its options: its
+// kind, the daemon's log, the kill grace, the shell of Spec.Script and the
+// runuser of Spec.AsUser. The run itself is Exec's.
 type Host struct {
-	Kind string
-	// Log is the daemon's; RunLog tags it with the kind and the run.
-	Log       zerolog.Logger
-	KillGrace time.Duration
-	// Shell runs Spec.Script.
-	Shell   string
-	Runuser string
+	Kind           string
+	Log            zerolog.Logger
+	KillGrace      time.Duration
+	Shell, Runuser string
 }
 
 // NewHost returns the defaults: bash, runuser and procgroup's kill grace.
@@ -33,8 +29,7 @@ func NewHost(kind string, log zerolog.Logger) Host {
 	return Host{Kind: kind, Log: log, KillGrace: procgroup.DefaultKillGrace, Shell: "bash", Runuser: "runuser"}
 }
 
-// Apply configures r with opts, in order, and returns it: the New of every
-// runner.
+// Apply configures r with opts, in order, and returns it.
 func Apply[R any, O ~func(*R)](r *R, opts []O) *R {
 	for _, o := range opts {
 		o(r)
@@ -55,8 +50,8 @@ func (h *Host) RunLog(spec runners.Spec) zerolog.Context {
 	return h.Log.With().Str("runner", h.Kind).Str("invocation_id", spec.InvocationID)
 }
 
-// FunctionArgv is the command of a function that is an executable:
-// Function.Module, with Function.Qualname, when set, as its one argument.
+// FunctionArgv is Function.Module, with Function.Qualname, when set, as
+// its one argument.
 func FunctionArgv(fn messages.FunctionRef) []string {
 	if fn.Module == "" {
 		return nil
@@ -72,10 +67,9 @@ func FunctionArgv(fn messages.FunctionRef) []string {
 type invalidSpec struct{ error }
 
 // Command is what runs for spec where the host's files are seen as they
-// are (on the host, in a sandbox over the host filesystem, in a job on a
-// shared filesystem): Spec.Script under the shell, otherwise fn, by
-// default FunctionArgv. For Spec.AsUser the scratch directory is handed to
-// that user and the command wrapped in `runuser -u USER --`.
+// are (on the host, in a sandbox, in a job): Spec.Script under the shell,
+// otherwise fn, by default FunctionArgv; for Spec.AsUser the scratch
+// directory is handed to that user and the command wrapped in runuser.
 func (h *Host) Command(spec runners.Spec, f Files, fn ...string) ([]string, error) {
 	argv := fn
 	if spec.Script != "" {
@@ -95,31 +89,27 @@ func (h *Host) Command(spec runners.Spec, f Files, fn ...string) ([]string, erro
 	return argv, nil
 }
 
-// Job is how a runner kind runs one invocation; Exec does the rest.
+// Job is how a runner kind runs one invocation. Log is the run's (RunLog
+// and what names the run); Bin, when set, is the executable it cannot do
+// without, looked up before anything is written and passed to Build;
+// Build makes the command once the scratch directory is prepared.
 type Job struct {
-	// Log is the run's (RunLog, plus whatever names the run).
-	Log zerolog.Logger
-	// Bin, when set, is the executable the run cannot do without: it is
-	// looked up before anything is written, and Build gets its path.
-	Bin string
-	// Build makes the command once the scratch directory is prepared.
+	Log   zerolog.Logger
+	Bin   string
 	Build func(f Files, bin string) (Launch, error)
 }
 
-// Launch is the command Build made.
+// Launch is the command Build made: Argv, Env, Dir and Stop are the
+// runner's, Exec sets the rest.
 type Launch struct {
-	// Argv, Env, Dir and Stop are the runner's; Exec sets Stdin, Output,
-	// Timeout and KillGrace from the spec and the Host.
 	procgroup.Command
 	// Remove, when set, runs after a stopped run, given RemoveTimeout even
-	// when the run's context is cancelled: a command stopped while it was
+	// though the run's context is done: a command stopped while it was
 	// still submitting may have left what it starts outside its process
-	// group (a container, a batch job) behind, and that must be gone
-	// before the outcome is reported.
-	Remove        func(ctx context.Context) error
-	RemoveTimeout time.Duration
-	// Left and Stopping are the log messages of an error of Remove and of
-	// Command.Stop.
+	// group (a container, a batch job) behind. Left and Stopping are the
+	// log messages of an error of Remove and of Command.Stop.
+	Remove         func(ctx context.Context) error
+	RemoveTimeout  time.Duration
 	Left, Stopping string
 	// After, when set, runs once the command has ended, before the outcome
 	// is read.

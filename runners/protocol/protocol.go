@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -123,15 +124,9 @@ func HostEnv(spec runners.Spec, f Files, extra map[string]string) []string {
 			m[k] = v
 		}
 	}
-	for k, v := range spec.Env {
-		m[k] = v
-	}
-	for k, v := range extra {
-		m[k] = v
-	}
-	for k, v := range Env(spec, f) {
-		m[k] = v
-	}
+	maps.Copy(m, spec.Env)
+	maps.Copy(m, extra)
+	maps.Copy(m, Env(spec, f))
 	return EnvList(m)
 }
 

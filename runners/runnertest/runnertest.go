@@ -251,22 +251,6 @@ func (s *suite) success(t *testing.T) {
 // regardless of the encoder's chosen width.
 func normalize(v any) any {
 	switch x := v.(type) {
-	case int8:
-		return int64(x)
-	case int16:
-		return int64(x)
-	case int32:
-		return int64(x)
-	case int:
-		return int64(x)
-	case uint8:
-		return int64(x)
-	case uint16:
-		return int64(x)
-	case uint32:
-		return int64(x)
-	case uint64:
-		return int64(x)
 	case map[string]any:
 		m := make(map[string]any, len(x))
 		for k, e := range x {
@@ -279,6 +263,12 @@ func normalize(v any) any {
 			l[i] = normalize(e)
 		}
 		return l
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return rv.Int()
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return int64(rv.Uint())
 	}
 	return v
 }
