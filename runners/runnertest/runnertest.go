@@ -155,6 +155,17 @@ func (s *suite) spec(t *testing.T) runners.Spec {
 	}
 }
 
+// sleeping is a spec whose function sleeps for 30 s.
+func (s *suite) sleeping(t *testing.T) runners.Spec {
+	spec := s.spec(t)
+	if s.caps.Python {
+		s.python(&spec, "sleep", 30)
+	} else {
+		spec.Script = "sleep 30\n"
+	}
+	return spec
+}
+
 func (s *suite) python(spec *runners.Spec, qualname string, args any) {
 	spec.Function = messages.FunctionRef{Module: pythonModuleName, Qualname: qualname}
 	if args == nil {
@@ -349,12 +360,7 @@ func (s *suite) concurrent(t *testing.T) {
 func (s *suite) cancelBeforeStart(t *testing.T) {
 	t.Parallel()
 	r := s.factory(t)
-	spec := s.spec(t)
-	if s.caps.Python {
-		s.python(&spec, "sleep", 30)
-	} else {
-		spec.Script = "sleep 30\n"
-	}
+	spec := s.sleeping(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	out := s.run(t, ctx, r, spec)
@@ -437,12 +443,7 @@ func (s *suite) nonZeroExit(t *testing.T) {
 func (s *suite) timeout(t *testing.T) {
 	t.Parallel()
 	r := s.factory(t)
-	spec := s.spec(t)
-	if s.caps.Python {
-		s.python(&spec, "sleep", 30)
-	} else {
-		spec.Script = "sleep 30\n"
-	}
+	spec := s.sleeping(t)
 	spec.Timeout = 500 * time.Millisecond
 	start := time.Now()
 	out := s.run(t, context.Background(), r, spec)
