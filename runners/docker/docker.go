@@ -31,10 +31,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -62,13 +63,10 @@ const goneTimeout = 30 * time.Second
 
 // Runner runs invocations in containers.
 type Runner struct {
-	log        zerolog.Logger
-	kind       string
+	host       protocol.Host
 	cli        string
 	globalArgs []string
 	runArgs    []string
-	shell      string
-	killGrace  time.Duration
 	owner      string
 }
 
@@ -103,7 +101,7 @@ func WithRunArgs(args ...string) Option {
 func WithShell(path string) Option {
 	return func(r *Runner) {
 		if path != "" {
-			r.shell = path
+			r.host.Shell = path
 		}
 	}
 }
@@ -111,11 +109,7 @@ func WithShell(path string) Option {
 // WithKillGrace sets the time a stopped container gets between SIGTERM and
 // SIGKILL (default 5 s; the CLI takes whole seconds, rounded up).
 func WithKillGrace(d time.Duration) Option {
-	return func(r *Runner) {
-		if d > 0 {
-			r.killGrace = d
-		}
-	}
+	return func(r *Runner) { r.host.SetKillGrace(d) }
 }
 
 // WithKind sets the name Kind reports, for a runner that is this one under
@@ -123,7 +117,7 @@ func WithKillGrace(d time.Duration) Option {
 func WithKind(kind string) Option {
 	return func(r *Runner) {
 		if kind != "" {
-			r.kind = kind
+			r.host.Kind = kind
 		}
 	}
 }
@@ -137,22 +131,13 @@ func WithOwner(marker string) Option {
 
 // New returns a docker runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
-	r := &Runner{
-		owner:     os.Getenv(orphans.EnvVar),
-		kind:      Kind,
-		cli:       "docker",
-		shell:     "/bin/sh",
-		killGrace: procgroup.DefaultKillGrace,
-	}
-	for _, o := range opts {
-		o(r)
-	}
-	r.log = log.With().Str("runner", r.kind).Logger()
-	return r
+	host := protocol.NewHost(Kind, log)
+	host.Shell = "/bin/sh"
+	return protocol.Apply(&Runner{host: host, owner: os.Getenv(orphans.EnvVar), cli: "docker"}, opts)
 }
 
 // Kind implements runners.Runner.
-func (r *Runner) Kind() string { return r.kind }
+func (r *Runner) Kind() string { return r.host.Kind }
 
 // ContainerName is the name of the container of an invocation: characters
 // a container name cannot hold become '-'.
@@ -173,113 +158,80 @@ func ContainerName(invocationID string) string {
 // Run implements runners.Runner.
 func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, error) {
 	if spec.Image == "" {
-		return protocol.Invalid("run_config.image is required for the " + r.kind + " runner"), nil
+		return protocol.Invalid("run_config.image is required for the " + r.host.Kind + " runner"), nil
 	}
 	if spec.InvocationID == "" {
-		return protocol.Invalid("invocation_id is required for the " + r.kind + " runner"), nil
+		return protocol.Invalid("invocation_id is required for the " + r.host.Kind + " runner"), nil
 	}
-	if err := protocol.CheckEnv(spec.Env); err != nil {
-		return protocol.Invalid(err.Error()), nil
-	}
-	cli, err := exec.LookPath(r.cli)
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
-	}
-	files, err := protocol.Prepare(spec)
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
-	}
+	name := ContainerName(spec.InvocationID)
+	return r.host.Exec(ctx, spec, protocol.Job{
+		Log: r.host.RunLog(spec).Str("container", name).Logger(),
+		Bin: r.cli,
+		Build: func(f protocol.Files, cli string) (protocol.Launch, error) {
+			argv, err := r.argv(spec, f, cli, name)
+			return protocol.Launch{
+				Command: procgroup.Command{
+					Argv: argv,
+					Env:  os.Environ(),
+					Dir:  f.Dir,
+					Stop: func(ctx context.Context) error { return r.remove(ctx, cli, name, true) },
+				},
+				Remove:        func(ctx context.Context) error { return r.remove(ctx, cli, name, false) },
+				RemoveTimeout: goneTimeout + r.host.KillGrace,
+				Left:          "container left behind",
+				Stopping:      "stopping container",
+			}, err
+		},
+	})
+}
+
+// argv is the CLI's `run` of the container named name, with the protocol
+// files of f mounted at ContainerDir.
+func (r *Runner) argv(spec runners.Spec, f protocol.Files, cli, name string) ([]string, error) {
 	inside := protocol.FilesIn(ContainerDir)
-	var command []string
-	switch {
-	case spec.Script != "":
-		if err := protocol.WriteScript(files, spec.Script); err != nil {
-			return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
+	command := protocol.FunctionArgv(spec.Function)
+	if spec.Script != "" {
+		if err := protocol.WriteScript(f, spec.Script); err != nil {
+			return nil, err
 		}
-		command = []string{r.shell, inside.Script}
-	case spec.Function.Module != "":
-		command = []string{spec.Function.Module}
-		if spec.Function.Qualname != "" {
-			command = append(command, spec.Function.Qualname)
-		}
+		command = []string{r.host.Shell, inside.Script}
 	}
 	if spec.AsUser != "" {
 		// The container user need not exist on the host: open the scratch
 		// directory up instead of handing it over.
-		if err := os.Chmod(files.Dir, 0o777); err != nil {
-			return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
+		if err := os.Chmod(f.Dir, 0o777); err != nil {
+			return nil, err
 		}
-		for _, p := range []string{files.Args, files.Script} {
+		for _, p := range []string{f.Args, f.Script} {
 			if err := os.Chmod(p, 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
+				return nil, err
 			}
 		}
 	}
 
-	name := ContainerName(spec.InvocationID)
 	argv := append([]string{cli}, r.globalArgs...)
 	argv = append(argv, "run", "--rm", "-i", "--name", name)
 	argv = append(argv, r.runArgs...)
 	if r.owner != "" {
 		argv = append(argv, "--label", OwnerLabel+"="+r.owner)
 	}
-	argv = append(argv, "-v", files.Dir+":"+ContainerDir)
+	argv = append(argv, "-v", f.Dir+":"+ContainerDir)
 	if spec.Workdir != "" {
 		argv = append(argv, "-v", spec.Workdir+":"+spec.Workdir, "-w", spec.Workdir)
 	} else {
 		argv = append(argv, "-w", ContainerDir)
 	}
-	env := make(map[string]string, len(spec.Env)+6)
-	for k, v := range spec.Env {
-		env[k] = v
-	}
-	for k, v := range protocol.Env(spec, inside) {
-		env[k] = v
-	}
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	env := map[string]string{}
+	maps.Copy(env, spec.Env)
+	maps.Copy(env, protocol.Env(spec, inside))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
 		argv = append(argv, "-e", k+"="+env[k])
 	}
 	if spec.AsUser != "" {
 		argv = append(argv, "--user", spec.AsUser)
 	}
 	argv = append(argv, spec.Image)
-	argv = append(argv, command...)
-
-	log := r.log.With().Str("invocation_id", spec.InvocationID).Str("container", name).Logger()
-	log.Debug().Strs("argv", argv).Msg("starting")
-	res, err := procgroup.Run(ctx, procgroup.Command{
-		Argv:      argv,
-		Env:       os.Environ(),
-		Dir:       files.Dir,
-		Stdin:     files.Args,
-		Output:    spec.Output,
-		Timeout:   spec.Timeout,
-		KillGrace: r.killGrace,
-		Stop:      func(ctx context.Context) error { return r.remove(ctx, cli, name, true) },
-	})
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("%s runner: %w", r.kind, err)
-	}
-	if res.Stopped != procgroup.NotStopped {
-		// A CLI stopped while it was still creating the container may have
-		// left it behind; make sure it is gone before reporting.
-		cleanCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), goneTimeout+r.killGrace)
-		if err := r.remove(cleanCtx, cli, name, false); err != nil {
-			log.Error().Err(err).Msg("container left behind")
-		}
-		cancel()
-		if res.StopErr != nil {
-			log.Warn().Err(res.StopErr).Msg("stopping container")
-		}
-	}
-	out := protocol.Collect(files, res, spec.Timeout)
-	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
-	return out, nil
+	return append(argv, command...), nil
 }
 
 // ReapLeftovers removes every container, running or not, whose OwnerLabel
@@ -292,7 +244,7 @@ func (r *Runner) ReapLeftovers(ctx context.Context, marker string) (int, error) 
 	}
 	cli, err := exec.LookPath(r.cli)
 	if err != nil {
-		return 0, fmt.Errorf("%s runner: %w", r.kind, err)
+		return 0, fmt.Errorf("%s runner: %w", r.host.Kind, err)
 	}
 	left, err := r.owned(ctx, cli, marker)
 	if err != nil || len(left) == 0 {
@@ -325,7 +277,7 @@ func (r *Runner) ReapLeftovers(ctx context.Context, marker string) (int, error) 
 		select {
 		case <-ctx.Done():
 			return len(seen) - len(left), fmt.Errorf("%s runner: %d containers labelled %s=%s left (%v): %w",
-				r.kind, len(left), OwnerLabel, marker, errors.Join(rmErrs...), ctx.Err())
+				r.host.Kind, len(left), OwnerLabel, marker, errors.Join(rmErrs...), ctx.Err())
 		case <-time.After(pause):
 		}
 		if pause < 500*time.Millisecond {
@@ -341,9 +293,9 @@ func (r *Runner) owned(ctx context.Context, cli, marker string) ([]string, error
 	if err != nil {
 		var exitErr *exec.ExitError
 		if errors.As(err, &exitErr) {
-			return nil, fmt.Errorf("%s runner: %s ps: %w: %s", r.kind, r.cli, err, strings.TrimSpace(string(exitErr.Stderr)))
+			return nil, fmt.Errorf("%s runner: %s ps: %w: %s", r.host.Kind, r.cli, err, strings.TrimSpace(string(exitErr.Stderr)))
 		}
-		return nil, fmt.Errorf("%s runner: %s ps: %w", r.kind, r.cli, err)
+		return nil, fmt.Errorf("%s runner: %s ps: %w", r.host.Kind, r.cli, err)
 	}
 	return strings.Fields(string(out)), nil
 }
@@ -352,7 +304,7 @@ func (r *Runner) owned(ctx context.Context, cli, marker string) ([]string, error
 // then waits until the CLI no longer knows it.
 func (r *Runner) remove(ctx context.Context, cli, name string, graceful bool) error {
 	if graceful {
-		secs := strconv.Itoa(int(math.Ceil(r.killGrace.Seconds())))
+		secs := strconv.Itoa(int(math.Ceil(r.host.KillGrace.Seconds())))
 		// Fails when the container does not exist (yet, or any more); rm
 		// and the wait below are what count.
 		_ = r.cmd(ctx, cli, "stop", "-t", secs, name).Run()

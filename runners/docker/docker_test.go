@@ -18,6 +18,7 @@ import (
 	"nymph/runners/procgroup"
 	"nymph/runners/runnertest"
 	"nymph/test/realparts"
+	"nymph/test/wait"
 )
 
 func podmanRunner(t *testing.T) *docker.Runner {
@@ -36,10 +37,7 @@ func TestConformance(t *testing.T) {
 
 func TestMissingImageIsFailedOutcome(t *testing.T) {
 	r := docker.New(zerolog.Nop())
-	out, err := r.Run(context.Background(), runners.Spec{InvocationID: "x", Script: "true", ScratchDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, r, runners.Spec{InvocationID: "x", Script: "true", ScratchDir: t.TempDir()})
 	if out.State != messages.StateFailed || out.Error == nil ||
 		out.Error.Message != "run_config.image is required for the docker runner" {
 		t.Fatalf("outcome %+v error %+v", out, out.Error)
@@ -55,19 +53,13 @@ func TestCommandFromFunction(t *testing.T) {
 		ScratchDir:   t.TempDir(),
 	}
 	// cp with one argument fails: proves argv[1] is the qualname.
-	out, err := podmanRunner(t).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, podmanRunner(t), spec)
 	if out.State != messages.StateFailed || out.Error.Type != runners.ErrorTypeExit {
 		t.Fatalf("outcome %+v error %+v", out, out.Error)
 	}
 	spec.Function = messages.FunctionRef{Module: "/bin/sh"}
 	spec.Args = []byte(`cat /etc/passwd > "$NYMPH_RESULT_PATH"`)
-	out, err = podmanRunner(t).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out = runnertest.Outcome(t, podmanRunner(t), spec)
 	if out.State != messages.StateSucceeded || !strings.HasPrefix(string(out.Result), "root:x:0:0") {
 		t.Fatalf("outcome %+v error %+v", out, out.Error)
 	}
@@ -83,15 +75,12 @@ func TestCancelRemovesContainer(t *testing.T) {
 		ScratchDir:   t.TempDir(),
 		Timeout:      2 * time.Second,
 	}
-	out, err := podmanRunner(t).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, podmanRunner(t), spec)
 	if out.State != messages.StateKilled || out.Error.Type != runners.ErrorTypeTimeout {
 		t.Fatalf("outcome %+v error %+v", out, out.Error)
 	}
 	args := append(realparts.PodmanGlobalArgs(), "container", "inspect", docker.ContainerName(id))
-	err = exec.Command("podman", args...).Run()
+	err := exec.Command("podman", args...).Run()
 	var exitErr *exec.ExitError
 	if !errors.As(err, &exitErr) {
 		t.Fatalf("container %s still exists after Run returned (inspect: %v)", docker.ContainerName(id), err)
@@ -107,18 +96,6 @@ func podman(t *testing.T, args ...string) string {
 		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return strings.TrimSpace(string(out))
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for pause := 20 * time.Millisecond; !cond(); pause = min(2*pause, 500*time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("%s: not after %v", what, deadline)
-		}
-		time.Sleep(pause)
-	}
 }
 
 func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
@@ -138,19 +115,8 @@ func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
 	// started.
 	id := "reap-" + stamp
 	name := docker.ContainerName(id)
-	var out runners.Outcome
-	var runErr error
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		out, runErr = r.Run(context.Background(), runners.Spec{
-			InvocationID: id, Script: "sleep 1000\n", Image: image, ScratchDir: t.TempDir(),
-		})
-	}()
-	t.Cleanup(func() {
-		// On an early failure: remove what is left, so Run returns.
-		_, _ = r.ReapLeftovers(context.Background(), marker)
-		<-finished
+	run := runnertest.StartOwned(t, r, marker, runners.Spec{
+		InvocationID: id, Script: "sleep 1000\n", Image: image, ScratchDir: t.TempDir(),
 	})
 	created := podman(t, "create", "--label", docker.OwnerLabel+"="+marker, image, "true")
 
@@ -164,7 +130,7 @@ func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
 	others = append(others, podman(t, append(runArgs, "--label", docker.OwnerLabel+"="+marker+"-other", image, "sleep", "1000")...))
 	others = append(others, podman(t, append(runArgs, image, "sleep", "1000")...))
 
-	waitFor(t, "invocation container running", time.Minute, func() bool {
+	wait.For(t, time.Minute, "invocation container running", func() bool {
 		return podman(t, "ps", "-q", "--filter", owned, "--filter", "name="+name) != ""
 	})
 	clients, err := procgroup.WithCmdline("run\x00--rm\x00-i\x00--name\x00" + name + "\x00")
@@ -174,11 +140,7 @@ func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
 	for _, pid := range clients {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	select {
-	case <-finished:
-	case <-time.After(time.Minute):
-		t.Fatal("Run did not return after its CLI was killed")
-	}
+	out, runErr := run.Wait(t, time.Minute, "Run to return after its CLI was killed")
 	if runErr != nil || out.State == messages.StateSucceeded {
 		t.Fatalf("run whose CLI was killed: outcome %+v error %v", out, runErr)
 	}

@@ -49,13 +49,10 @@ const leftoverTimeout = 10 * time.Second
 
 // Runner runs invocations in gVisor sandboxes.
 type Runner struct {
-	log        zerolog.Logger
+	host       protocol.Host
 	runsc      string
 	stateRoot  string
 	globalArgs []string
-	bash       string
-	runuser    string
-	killGrace  time.Duration
 	containers *docker.Runner
 }
 
@@ -89,11 +86,7 @@ func WithGlobalArgs(args ...string) Option {
 // WithKillGrace sets the time between SIGTERM and SIGKILL when a run is
 // stopped (default 5 s).
 func WithKillGrace(d time.Duration) Option {
-	return func(r *Runner) {
-		if d > 0 {
-			r.killGrace = d
-		}
-	}
+	return func(r *Runner) { r.host.SetKillGrace(d) }
 }
 
 // WithContainerRunner sets the runner of invocations that name an image;
@@ -104,17 +97,7 @@ func WithContainerRunner(c *docker.Runner) Option {
 
 // New returns a gvisor runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
-	r := &Runner{
-		log:       log.With().Str("runner", Kind).Logger(),
-		runsc:     "runsc",
-		bash:      "bash",
-		runuser:   "runuser",
-		killGrace: procgroup.DefaultKillGrace,
-	}
-	for _, o := range opts {
-		o(r)
-	}
-	return r
+	return protocol.Apply(&Runner{host: protocol.NewHost(Kind, log), runsc: "runsc"}, opts)
 }
 
 // Kind implements runners.Runner.
@@ -131,70 +114,41 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	if spec.Script == "" && spec.Function.Module == "" {
 		return protocol.Invalid("function.module is required for the gvisor runner when no script is given"), nil
 	}
-	if err := protocol.CheckEnv(spec.Env); err != nil {
-		return protocol.Invalid(err.Error()), nil
-	}
-	files, err := protocol.Prepare(spec)
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("gvisor runner: %w", err)
-	}
-	var command []string
-	if spec.Script != "" {
-		if err := protocol.WriteScript(files, spec.Script); err != nil {
-			return runners.Outcome{}, fmt.Errorf("gvisor runner: %w", err)
+	log := r.host.RunLog(spec).Logger()
+	var state string // runsc's, made by Build
+	defer func() { os.RemoveAll(state) }()
+	return r.host.Exec(ctx, spec, protocol.Job{Log: log, Build: func(f protocol.Files, _ string) (protocol.Launch, error) {
+		command, err := r.host.Command(spec, f)
+		if err != nil {
+			return protocol.Launch{}, err
 		}
-		command = []string{r.bash, files.Script}
-	} else {
-		command = []string{spec.Function.Module}
-		if spec.Function.Qualname != "" {
-			command = append(command, spec.Function.Qualname)
+		if state, err = os.MkdirTemp(r.stateRoot, "nymph-runsc-"); err != nil {
+			return protocol.Launch{}, fmt.Errorf("state dir: %w", err)
 		}
-	}
-	if spec.AsUser != "" {
-		if err := protocol.GiveTo(files, spec.AsUser); err != nil {
-			return protocol.Invalid(err.Error()), nil
+		if err := os.Chmod(state, 0o711); err != nil {
+			return protocol.Launch{}, fmt.Errorf("state dir: %w", err)
 		}
-		command = append([]string{r.runuser, "-u", spec.AsUser, "--"}, command...)
-	}
-	state, err := os.MkdirTemp(r.stateRoot, "nymph-runsc-")
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("gvisor runner: state dir: %w", err)
-	}
-	defer os.RemoveAll(state)
-	if err := os.Chmod(state, 0o711); err != nil {
-		return runners.Outcome{}, fmt.Errorf("gvisor runner: state dir: %w", err)
-	}
-	workdir := protocol.Workdir(spec)
-
-	argv := []string{r.runsc}
-	if os.Geteuid() != 0 {
-		argv = append(argv, "--rootless")
-	}
-	argv = append(argv, "--network=none")
-	argv = append(argv, r.globalArgs...)
-	argv = append(argv, "do", "-force-overlay=false", "-quiet", "-cwd", workdir)
-	argv = append(argv, command...)
-
-	log := r.log.With().Str("invocation_id", spec.InvocationID).Logger()
-	log.Debug().Strs("argv", argv).Msg("starting")
-	res, err := procgroup.Run(ctx, procgroup.Command{
-		Argv:      argv,
-		Env:       protocol.HostEnv(spec, files, map[string]string{"TMPDIR": state}),
-		Dir:       workdir,
-		Stdin:     files.Args,
-		Output:    spec.Output,
-		Timeout:   spec.Timeout,
-		KillGrace: r.killGrace,
-	})
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("gvisor runner: %w", err)
-	}
-	if err := reapSandbox(state); err != nil {
-		log.Error().Err(err).Msg("sandbox processes left behind")
-	}
-	out := protocol.Collect(files, res, spec.Timeout)
-	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
-	return out, nil
+		workdir := protocol.Workdir(spec)
+		argv := []string{r.runsc}
+		if os.Geteuid() != 0 {
+			argv = append(argv, "--rootless")
+		}
+		argv = append(argv, "--network=none")
+		argv = append(argv, r.globalArgs...)
+		argv = append(argv, "do", "-force-overlay=false", "-quiet", "-cwd", workdir)
+		return protocol.Launch{
+			Command: procgroup.Command{
+				Argv: append(argv, command...),
+				Env:  protocol.HostEnv(spec, f, map[string]string{"TMPDIR": state}),
+				Dir:  workdir,
+			},
+			After: func(procgroup.Result) {
+				if err := reapSandbox(state); err != nil {
+					log.Error().Err(err).Msg("sandbox processes left behind")
+				}
+			},
+		}, nil
+	}})
 }
 
 // ReapLeftovers removes the containers of image runs that a previous run

@@ -14,9 +14,9 @@ import (
 	"nymph/runners"
 	"nymph/runners/docker"
 	"nymph/runners/gvisor"
-	"nymph/runners/procgroup"
 	"nymph/runners/runnertest"
 	"nymph/test/realparts"
+	"nymph/test/wait"
 )
 
 func newRunner(t *testing.T, runsc string, opts ...docker.Option) *gvisor.Runner {
@@ -66,10 +66,7 @@ func TestRunsInsideSandbox(t *testing.T) {
 	for _, img := range []string{"", image} {
 		spec := runners.Spec{InvocationID: "sandboxed", ScratchDir: t.TempDir(), Image: img,
 			Script: "dmesg > \"$NYMPH_RESULT_PATH\" 2>&1 || true\n"}
-		out, err := newRunner(t, runsc).Run(context.Background(), spec)
-		if err != nil {
-			t.Fatal(err)
-		}
+		out := runnertest.Outcome(t, newRunner(t, runsc), spec)
 		if out.State != messages.StateSucceeded || !strings.Contains(string(out.Result), "gVisor") {
 			t.Fatalf("image %q: outcome %+v result %q", img, out, out.Result)
 		}
@@ -81,24 +78,16 @@ func TestCancelLeavesNoRunscProcess(t *testing.T) {
 	scratch := t.TempDir()
 	spec := runners.Spec{InvocationID: "cancel", ScratchDir: scratch, Script: "sleep 1000\n",
 		Timeout: 1500 * time.Millisecond}
-	out, err := newRunner(t, runsc).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, newRunner(t, runsc), spec)
 	if out.State != messages.StateKilled {
 		t.Fatalf("outcome %+v", out)
 	}
-	if pids, _ := procgroup.WithCmdline(scratch); len(pids) != 0 {
-		t.Fatalf("runsc processes left: %v", pids)
-	}
+	runnertest.NoneNaming(t, scratch, "runsc processes left")
 }
 
 func TestImageWithoutContainerRunner(t *testing.T) {
 	r := gvisor.New(zerolog.Nop())
-	out, err := r.Run(context.Background(), runners.Spec{InvocationID: "x", Image: "img", ScratchDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, r, runners.Spec{InvocationID: "x", Image: "img", ScratchDir: t.TempDir()})
 	if out.State != messages.StateFailed || !strings.Contains(out.Error.Message, "run_config.image") {
 		t.Fatalf("outcome %+v", out)
 	}
@@ -124,19 +113,8 @@ func TestReapLeftoversRemovesOwnImageContainers(t *testing.T) {
 
 	id := "reap-" + stamp
 	name := docker.ContainerName(id)
-	var out runners.Outcome
-	var runErr error
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		out, runErr = r.Run(context.Background(), runners.Spec{
-			InvocationID: id, Script: "sleep 1000\n", Image: image, ScratchDir: t.TempDir(),
-		})
-	}()
-	t.Cleanup(func() {
-		// On an early failure: remove what is left, so Run returns.
-		_, _ = r.ReapLeftovers(context.Background(), marker)
-		<-finished
+	run := runnertest.StartOwned(t, r, marker, runners.Spec{
+		InvocationID: id, Script: "sleep 1000\n", Image: image, ScratchDir: t.TempDir(),
 	})
 	// Another daemon's container (runc is enough to prove it is spared).
 	other := podman(t, append(append([]string{"run", "-d"}, realparts.PodmanRunArgs()...),
@@ -146,13 +124,9 @@ func TestReapLeftoversRemovesOwnImageContainers(t *testing.T) {
 	})
 
 	owned := "label=" + docker.OwnerLabel + "=" + marker
-	end := time.Now().Add(time.Minute)
-	for pause := 20 * time.Millisecond; podman(t, "ps", "-q", "--filter", owned, "--filter", "name="+name) == ""; pause = min(2*pause, 500*time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("container %s labelled %s not running after a minute", name, marker)
-		}
-		time.Sleep(pause)
-	}
+	wait.For(t, time.Minute, "container "+name+" labelled "+marker+" running", func() bool {
+		return podman(t, "ps", "-q", "--filter", owned, "--filter", "name="+name) != ""
+	})
 	n, err := r.ReapLeftovers(context.Background(), marker)
 	if err != nil {
 		t.Fatal(err)
@@ -160,11 +134,7 @@ func TestReapLeftoversRemovesOwnImageContainers(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("removed %d containers, want 1", n)
 	}
-	select {
-	case <-finished:
-	case <-time.After(time.Minute):
-		t.Fatal("Run did not return after its container was removed")
-	}
+	out, runErr := run.Wait(t, time.Minute, "Run to return after its container was removed")
 	if runErr != nil || out.State == messages.StateSucceeded {
 		t.Fatalf("run of a removed container: outcome %+v error %v", out, runErr)
 	}

@@ -20,7 +20,6 @@ package process
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -35,10 +34,7 @@ const Kind = "process"
 
 // Runner runs invocations as host child processes.
 type Runner struct {
-	log       zerolog.Logger
-	killGrace time.Duration
-	bash      string
-	runuser   string
+	host protocol.Host
 }
 
 var _ runners.Runner = (*Runner)(nil)
@@ -49,18 +45,14 @@ type Option func(*Runner)
 // WithKillGrace sets the time between SIGTERM and SIGKILL when a run is
 // stopped (default 5 s).
 func WithKillGrace(d time.Duration) Option {
-	return func(r *Runner) {
-		if d > 0 {
-			r.killGrace = d
-		}
-	}
+	return func(r *Runner) { r.host.SetKillGrace(d) }
 }
 
 // WithBash sets the interpreter of scripts (default "bash").
 func WithBash(path string) Option {
 	return func(r *Runner) {
 		if path != "" {
-			r.bash = path
+			r.host.Shell = path
 		}
 	}
 }
@@ -70,23 +62,14 @@ func WithBash(path string) Option {
 func WithRunuser(path string) Option {
 	return func(r *Runner) {
 		if path != "" {
-			r.runuser = path
+			r.host.Runuser = path
 		}
 	}
 }
 
 // New returns a process runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
-	r := &Runner{
-		log:       log.With().Str("runner", Kind).Logger(),
-		killGrace: procgroup.DefaultKillGrace,
-		bash:      "bash",
-		runuser:   "runuser",
-	}
-	for _, o := range opts {
-		o(r)
-	}
-	return r
+	return protocol.Apply(&Runner{host: protocol.NewHost(Kind, log)}, opts)
 }
 
 // Kind implements runners.Runner.
@@ -97,47 +80,13 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	if spec.Script == "" && spec.Function.Module == "" {
 		return protocol.Invalid("function.module is required for the process runner when no script is given"), nil
 	}
-	if err := protocol.CheckEnv(spec.Env); err != nil {
-		return protocol.Invalid(err.Error()), nil
-	}
-	files, err := protocol.Prepare(spec)
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("process runner: %w", err)
-	}
-	var argv []string
-	if spec.Script != "" {
-		if err := protocol.WriteScript(files, spec.Script); err != nil {
-			return runners.Outcome{}, fmt.Errorf("process runner: %w", err)
-		}
-		argv = []string{r.bash, files.Script}
-	} else {
-		argv = []string{spec.Function.Module}
-		if spec.Function.Qualname != "" {
-			argv = append(argv, spec.Function.Qualname)
-		}
-	}
-	if spec.AsUser != "" {
-		if err := protocol.GiveTo(files, spec.AsUser); err != nil {
-			return protocol.Invalid(err.Error()), nil
-		}
-		argv = append([]string{r.runuser, "-u", spec.AsUser, "--"}, argv...)
-	}
-
-	log := r.log.With().Str("invocation_id", spec.InvocationID).Logger()
-	log.Debug().Strs("argv", argv).Msg("starting")
-	res, err := procgroup.Run(ctx, procgroup.Command{
-		Argv:      argv,
-		Env:       protocol.HostEnv(spec, files, nil),
-		Dir:       protocol.Workdir(spec),
-		Stdin:     files.Args,
-		Output:    spec.Output,
-		Timeout:   spec.Timeout,
-		KillGrace: r.killGrace,
+	return r.host.Exec(ctx, spec, protocol.Job{
+		Log: r.host.RunLog(spec).Logger(),
+		Build: func(f protocol.Files, _ string) (protocol.Launch, error) {
+			argv, err := r.host.Command(spec, f)
+			return protocol.Launch{Command: procgroup.Command{
+				Argv: argv, Env: protocol.HostEnv(spec, f, nil), Dir: protocol.Workdir(spec),
+			}}, err
+		},
 	})
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("process runner: %w", err)
-	}
-	out := protocol.Collect(files, res, spec.Timeout)
-	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
-	return out, nil
 }

@@ -14,7 +14,6 @@ import (
 	"nymph/messages"
 	"nymph/runners"
 	"nymph/runners/process"
-	"nymph/runners/procgroup"
 	"nymph/runners/runnertest"
 )
 
@@ -39,20 +38,14 @@ func TestFunctionIsExecutableWithQualnameAsArgument(t *testing.T) {
 	}
 	spec := baseSpec(t)
 	spec.Function = messages.FunctionRef{Module: exe, Qualname: "first"}
-	out, err := newRunner(t).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, newRunner(t), spec)
 	if out.State != messages.StateSucceeded || string(out.Result) != "arg=first" {
 		t.Fatalf("outcome = %+v", out)
 	}
 }
 
 func TestMissingModuleIsFailedOutcome(t *testing.T) {
-	out, err := newRunner(t).Run(context.Background(), baseSpec(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, newRunner(t), baseSpec(t))
 	if out.State != messages.StateFailed || out.Error == nil || !strings.Contains(out.Error.Message, "function.module") {
 		t.Fatalf("outcome = %+v", out)
 	}
@@ -70,10 +63,7 @@ func TestInvalidEnvNamesTheField(t *testing.T) {
 	spec := baseSpec(t)
 	spec.Script = "true"
 	spec.Env = map[string]string{"A=B": "x"}
-	out, err := newRunner(t).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, newRunner(t), spec)
 	if out.State != messages.StateFailed || !strings.Contains(out.Error.Message, "run_config.env") {
 		t.Fatalf("outcome = %+v", out)
 	}
@@ -83,16 +73,11 @@ func TestOrphansDieWhenLeaderExits(t *testing.T) {
 	marker := "nymph-orphan-" + strings.ReplaceAll(t.Name(), "/", "-")
 	spec := baseSpec(t)
 	spec.Script = "sh -c 'sleep 1000; :' " + marker + " &\nexit 0\n"
-	out, err := newRunner(t).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, newRunner(t), spec)
 	if out.State != messages.StateSucceeded {
 		t.Fatalf("outcome = %+v", out)
 	}
-	if live, _ := procgroup.WithCmdline(marker); len(live) != 0 {
-		t.Fatalf("orphan survived: %v", live)
-	}
+	runnertest.NoneNaming(t, marker, "orphan survived")
 }
 
 func TestKillGraceEscalatesToSigkill(t *testing.T) {
@@ -101,10 +86,7 @@ func TestKillGraceEscalatesToSigkill(t *testing.T) {
 	spec.Timeout = 300 * time.Millisecond
 	r := process.New(zerolog.Nop(), process.WithKillGrace(200*time.Millisecond))
 	start := time.Now()
-	out, err := r.Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, r, spec)
 	if out.State != messages.StateKilled || out.Error.Type != runners.ErrorTypeTimeout {
 		t.Fatalf("outcome = %+v", out)
 	}
@@ -131,10 +113,7 @@ func TestAsUser(t *testing.T) {
 	spec.AsUser = "nobody"
 	spec.Args = []byte("x")
 	spec.Script = "{ id -un; cat \"$NYMPH_ARGS_PATH\"; } > \"$NYMPH_RESULT_PATH\"\n"
-	out, err := newRunner(t).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, newRunner(t), spec)
 	if out.State != messages.StateSucceeded || string(out.Result) != "nobody\nx" {
 		t.Fatalf("outcome = %+v (error %+v)", out, out.Error)
 	}

@@ -1,8 +1,10 @@
 // Package protocol owns the host side of the function protocol that every
 // process-based runner speaks: the layout of an invocation's scratch
 // directory (args, result, error and script files), the protocol's
-// environment variables, and turning how a command ended plus the files it
-// left into a runners.Outcome.
+// environment variables, turning how a command ended plus the files it
+// left into a runners.Outcome, and (Host) the run of such a command from
+// spec to outcome, so that each runner keeps only what differs: which
+// command runs, where, and what it leaves outside its process group.
 package protocol
 
 import (
@@ -11,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -121,15 +124,9 @@ func HostEnv(spec runners.Spec, f Files, extra map[string]string) []string {
 			m[k] = v
 		}
 	}
-	for k, v := range spec.Env {
-		m[k] = v
-	}
-	for k, v := range extra {
-		m[k] = v
-	}
-	for k, v := range Env(spec, f) {
-		m[k] = v
-	}
+	maps.Copy(m, spec.Env)
+	maps.Copy(m, extra)
+	maps.Copy(m, Env(spec, f))
 	return EnvList(m)
 }
 

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"nymph/messages"
 	"nymph/runners"
 	"nymph/runners/procgroup"
@@ -115,5 +117,28 @@ func TestCheckEnvNamesTheField(t *testing.T) {
 	}
 	if err := protocol.CheckEnv(map[string]string{"A": "multi\nline"}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestExecReportsSpecErrorsAsFailedOutcomes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("as_user is only checked by a root daemon")
+	}
+	h := protocol.NewHost("test", zerolog.Nop())
+	spec := runners.Spec{InvocationID: "inv", ScratchDir: t.TempDir(), Script: "true", AsUser: "nymph-no-such-user"}
+	out, err := h.Exec(context.Background(), spec, protocol.Job{
+		Build: func(f protocol.Files, _ string) (protocol.Launch, error) {
+			argv, err := h.Command(spec, f)
+			return protocol.Launch{Command: procgroup.Command{Argv: argv}}, err
+		},
+	})
+	if err != nil || out.State != messages.StateFailed || out.Error.Type != messages.ErrorTypeDaemon ||
+		!strings.HasPrefix(out.Error.Message, "as_user: ") {
+		t.Fatalf("outcome %+v error %+v, %v", out, out.Error, err)
+	}
+	spec.AsUser = ""
+	if _, err := h.Exec(context.Background(), spec, protocol.Job{Bin: "/nonexistent/nymph-cli"}); err == nil ||
+		!strings.HasPrefix(err.Error(), "test runner: ") {
+		t.Fatalf("missing Bin: %v, want a runner error", err)
 	}
 }

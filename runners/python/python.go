@@ -42,11 +42,8 @@ var shim []byte
 
 // Runner calls Python functions.
 type Runner struct {
-	log       zerolog.Logger
-	killGrace time.Duration
-	python    string
-	bash      string
-	runuser   string
+	host   protocol.Host
+	python string
 }
 
 var _ runners.Runner = (*Runner)(nil)
@@ -66,26 +63,12 @@ func WithPython(path string) Option {
 // WithKillGrace sets the time between SIGTERM and SIGKILL when a run is
 // stopped (default 5 s).
 func WithKillGrace(d time.Duration) Option {
-	return func(r *Runner) {
-		if d > 0 {
-			r.killGrace = d
-		}
-	}
+	return func(r *Runner) { r.host.SetKillGrace(d) }
 }
 
 // New returns a python runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
-	r := &Runner{
-		log:       log.With().Str("runner", Kind).Logger(),
-		killGrace: procgroup.DefaultKillGrace,
-		python:    "python3",
-		bash:      "bash",
-		runuser:   "runuser",
-	}
-	for _, o := range opts {
-		o(r)
-	}
-	return r
+	return protocol.Apply(&Runner{host: protocol.NewHost(Kind, log), python: "python3"}, opts)
 }
 
 // Kind implements runners.Runner.
@@ -101,34 +84,30 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 			return protocol.Invalid("function.qualname is required for the python runner"), nil
 		}
 	}
-	if err := protocol.CheckEnv(spec.Env); err != nil {
-		return protocol.Invalid(err.Error()), nil
-	}
-	files, err := protocol.Prepare(spec)
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("python runner: %w", err)
-	}
-	var argv []string
-	if spec.Script != "" {
-		if err := protocol.WriteScript(files, spec.Script); err != nil {
-			return runners.Outcome{}, fmt.Errorf("python runner: %w", err)
-		}
-		argv = []string{r.bash, files.Script}
-	} else {
-		shimPath := filepath.Join(files.Dir, ShimFile)
-		if err := os.WriteFile(shimPath, shim, 0o644); err != nil {
-			return runners.Outcome{}, fmt.Errorf("python runner: write shim: %w", err)
-		}
-		argv = []string{r.python, shimPath, spec.Function.Module, spec.Function.Qualname}
-	}
-	if spec.AsUser != "" {
-		if err := protocol.GiveTo(files, spec.AsUser); err != nil {
-			return protocol.Invalid(err.Error()), nil
-		}
-		argv = append([]string{r.runuser, "-u", spec.AsUser, "--"}, argv...)
-	}
+	return r.host.Exec(ctx, spec, protocol.Job{
+		Log: r.host.RunLog(spec).Logger(),
+		Build: func(f protocol.Files, _ string) (protocol.Launch, error) {
+			shimPath := filepath.Join(f.Dir, ShimFile)
+			if spec.Script == "" {
+				if err := os.WriteFile(shimPath, shim, 0o644); err != nil {
+					return protocol.Launch{}, fmt.Errorf("write shim: %w", err)
+				}
+			}
+			argv, err := r.host.Command(spec, f, r.python, shimPath, spec.Function.Module, spec.Function.Qualname)
+			if err != nil {
+				return protocol.Launch{}, err
+			}
+			workdir := protocol.Workdir(spec)
+			return protocol.Launch{Command: procgroup.Command{
+				Argv: argv, Env: protocol.HostEnv(spec, f, pythonEnv(spec, workdir)), Dir: workdir,
+			}}, nil
+		},
+	})
+}
 
-	workdir := protocol.Workdir(spec)
+// pythonEnv puts workdir first on PYTHONPATH and, unless spec.Env says
+// otherwise, makes output unbuffered.
+func pythonEnv(spec runners.Spec, workdir string) map[string]string {
 	pythonPath := workdir
 	prev, ok := spec.Env["PYTHONPATH"]
 	if !ok {
@@ -141,22 +120,5 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	if _, set := spec.Env["PYTHONUNBUFFERED"]; !set {
 		extra["PYTHONUNBUFFERED"] = "1"
 	}
-
-	log := r.log.With().Str("invocation_id", spec.InvocationID).Logger()
-	log.Debug().Strs("argv", argv).Msg("starting")
-	res, err := procgroup.Run(ctx, procgroup.Command{
-		Argv:      argv,
-		Env:       protocol.HostEnv(spec, files, extra),
-		Dir:       workdir,
-		Stdin:     files.Args,
-		Output:    spec.Output,
-		Timeout:   spec.Timeout,
-		KillGrace: r.killGrace,
-	})
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("python runner: %w", err)
-	}
-	out := protocol.Collect(files, res, spec.Timeout)
-	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
-	return out, nil
+	return extra
 }

@@ -1,7 +1,6 @@
 package python_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -82,10 +81,7 @@ func TestCodecRoundTrip(t *testing.T) {
 		Workdir:      dir,
 		ScratchDir:   t.TempDir(),
 	}
-	out, err := newRunner(t).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, newRunner(t), spec)
 	if out.State != messages.StateSucceeded {
 		t.Fatalf("outcome %+v error %+v", out, out.Error)
 	}
@@ -121,10 +117,7 @@ func TestBadFunctionRefs(t *testing.T) {
 		{messages.FunctionRef{Module: "json", Qualname: "nope"}, "AttributeError", "nope"},
 	}
 	for _, c := range cases {
-		out, err := r.Run(context.Background(), runners.Spec{InvocationID: "bad", Function: c.fn, ScratchDir: t.TempDir()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		out := runnertest.Outcome(t, r, runners.Spec{InvocationID: "bad", Function: c.fn, ScratchDir: t.TempDir()})
 		if out.State != messages.StateFailed || out.Error == nil || out.Error.Type != c.wantType ||
 			!strings.Contains(out.Error.Message, c.wantMsg) {
 			t.Fatalf("%+v: outcome %+v error %+v", c.fn, out, out.Error)
@@ -139,10 +132,7 @@ func TestUnencodableResult(t *testing.T) {
 		Function:     messages.FunctionRef{Module: "builtins", Qualname: "object"},
 		ScratchDir:   t.TempDir(),
 	}
-	out, err := newRunner(t).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, newRunner(t), spec)
 	if out.State != messages.StateFailed || out.Error == nil || out.Error.Type != "TypeError" {
 		t.Fatalf("outcome %+v error %+v", out, out.Error)
 	}

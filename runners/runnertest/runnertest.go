@@ -25,6 +25,7 @@ import (
 	"nymph/messages"
 	"nymph/runners"
 	"nymph/runners/procgroup"
+	"nymph/test/wait"
 )
 
 // Caps says what a runner kind supports, and so which form each scenario
@@ -154,6 +155,17 @@ func (s *suite) spec(t *testing.T) runners.Spec {
 	}
 }
 
+// sleeping is a spec whose function sleeps for 30 s.
+func (s *suite) sleeping(t *testing.T) runners.Spec {
+	spec := s.spec(t)
+	if s.caps.Python {
+		s.python(&spec, "sleep", 30)
+	} else {
+		spec.Script = "sleep 30\n"
+	}
+	return spec
+}
+
 func (s *suite) python(spec *runners.Spec, qualname string, args any) {
 	spec.Function = messages.FunctionRef{Module: pythonModuleName, Qualname: qualname}
 	if args == nil {
@@ -169,25 +181,11 @@ func (s *suite) python(spec *runners.Spec, qualname string, args any) {
 
 func (s *suite) run(t *testing.T, ctx context.Context, r runners.Runner, spec runners.Spec) runners.Outcome {
 	t.Helper()
-	type ret struct {
-		out runners.Outcome
-		err error
+	out, err := Start(ctx, r, spec).Wait(t, s.caps.RunDeadline, "Run to return")
+	if err != nil {
+		t.Fatalf("Run: %v", err)
 	}
-	done := make(chan ret, 1)
-	go func() {
-		out, err := r.Run(ctx, spec)
-		done <- ret{out, err}
-	}()
-	select {
-	case got := <-done:
-		if got.err != nil {
-			t.Fatalf("Run: %v", got.err)
-		}
-		return got.out
-	case <-time.After(s.caps.RunDeadline):
-		t.Fatalf("Run did not return within %s", s.caps.RunDeadline)
-	}
-	return runners.Outcome{}
+	return out
 }
 
 func wantState(t *testing.T, out runners.Outcome, state string) {
@@ -264,22 +262,6 @@ func (s *suite) success(t *testing.T) {
 // regardless of the encoder's chosen width.
 func normalize(v any) any {
 	switch x := v.(type) {
-	case int8:
-		return int64(x)
-	case int16:
-		return int64(x)
-	case int32:
-		return int64(x)
-	case int:
-		return int64(x)
-	case uint8:
-		return int64(x)
-	case uint16:
-		return int64(x)
-	case uint32:
-		return int64(x)
-	case uint64:
-		return int64(x)
 	case map[string]any:
 		m := make(map[string]any, len(x))
 		for k, e := range x {
@@ -292,6 +274,12 @@ func normalize(v any) any {
 			l[i] = normalize(e)
 		}
 		return l
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return rv.Int()
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return int64(rv.Uint())
 	}
 	return v
 }
@@ -372,12 +360,7 @@ func (s *suite) concurrent(t *testing.T) {
 func (s *suite) cancelBeforeStart(t *testing.T) {
 	t.Parallel()
 	r := s.factory(t)
-	spec := s.spec(t)
-	if s.caps.Python {
-		s.python(&spec, "sleep", 30)
-	} else {
-		spec.Script = "sleep 30\n"
-	}
+	spec := s.sleeping(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	out := s.run(t, ctx, r, spec)
@@ -460,12 +443,7 @@ func (s *suite) nonZeroExit(t *testing.T) {
 func (s *suite) timeout(t *testing.T) {
 	t.Parallel()
 	r := s.factory(t)
-	spec := s.spec(t)
-	if s.caps.Python {
-		s.python(&spec, "sleep", 30)
-	} else {
-		spec.Script = "sleep 30\n"
-	}
+	spec := s.sleeping(t)
 	spec.Timeout = 500 * time.Millisecond
 	start := time.Now()
 	out := s.run(t, context.Background(), r, spec)
@@ -494,54 +472,38 @@ func (s *suite) cancelKillsTree(t *testing.T) {
 
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
-	type ret struct {
-		out runners.Outcome
-		err error
-	}
-	done := make(chan ret, 1)
-	go func() {
-		out, err := r.Run(ctx, spec)
-		done <- ret{out, err}
-	}()
+	run := Start(ctx, r, spec)
 	select {
 	case <-ready:
-	case got := <-done:
-		t.Fatalf("run ended before it was ready: %+v %v (output %q)", got.out, got.err, output.String())
+	case <-run.Done():
+		out, err := run.Result()
+		t.Fatalf("run ended before it was ready: %+v %v (output %q)", out, err, output.String())
 	case <-time.After(s.caps.RunDeadline):
 		t.Fatalf("no READY within %s (output %q)", s.caps.RunDeadline, output.String())
 	}
 	// READY can be printed before the forked grandchild has exec'd.
-	if !s.caps.Sandboxed && !eventually(s.caps.RunDeadline, func() bool {
-		live, _ := procgroup.WithCmdline(marker)
-		return len(live) > 0
-	}) {
-		t.Fatalf("grandchild with marker %s not visible before cancel", marker)
+	if !s.caps.Sandboxed {
+		wait.For(t, s.caps.RunDeadline, "grandchild with marker "+marker+" visible before cancel", func() bool {
+			live, _ := procgroup.WithCmdline(marker)
+			return len(live) > 0
+		})
 	}
 	if live, _ := procgroup.WithCmdline(spec.ScratchDir); len(live) == 0 {
 		t.Fatalf("no process names the scratch dir %s before cancel", spec.ScratchDir)
 	}
 	pid := readyPID(output.String())
 	cancel(errors.New("daemon shutdown grace expired"))
-	var got ret
-	select {
-	case got = <-done:
-	case <-time.After(s.caps.RunDeadline):
-		t.Fatalf("Run did not return within %s of cancel", s.caps.RunDeadline)
+	out, err := run.Wait(t, s.caps.RunDeadline, "Run to return after cancel")
+	if err != nil {
+		t.Fatalf("Run: %v", err)
 	}
-	if got.err != nil {
-		t.Fatalf("Run: %v", got.err)
+	wantState(t, out, messages.StateKilled)
+	if out.Error == nil || out.Error.Type != runners.ErrorTypeCancelled ||
+		out.Error.Message != "daemon shutdown grace expired" {
+		t.Fatalf("error = %s, want Cancelled with the cancel cause as message", describe(out.Error))
 	}
-	wantState(t, got.out, messages.StateKilled)
-	if got.out.Error == nil || got.out.Error.Type != runners.ErrorTypeCancelled ||
-		got.out.Error.Message != "daemon shutdown grace expired" {
-		t.Fatalf("error = %s, want Cancelled with the cancel cause as message", describe(got.out.Error))
-	}
-	if live, err := procgroup.WithCmdline(marker); err != nil || len(live) != 0 {
-		t.Fatalf("processes with marker still alive after Run returned: %v (%v)", live, err)
-	}
-	if live, err := procgroup.WithCmdline(spec.ScratchDir); err != nil || len(live) != 0 {
-		t.Fatalf("processes naming the scratch dir still alive after Run returned: %v (%v)", live, err)
-	}
+	NoneNaming(t, marker, "after Run returned")
+	NoneNaming(t, spec.ScratchDir, "after Run returned")
 	if s.caps.HostPIDs {
 		if pid <= 0 {
 			t.Fatalf("no pid in READY line: %q", output.String())
@@ -550,18 +512,6 @@ func (s *suite) cancelKillsTree(t *testing.T) {
 			t.Fatalf("grandchild pid %d still alive after Run returned", pid)
 		}
 	}
-}
-
-// eventually polls cond until it holds or limit passes.
-func eventually(limit time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
 }
 
 func readyPID(out string) int {

@@ -55,15 +55,12 @@ const goneTimeout = 60 * time.Second
 
 // Runner runs invocations as SLURM jobs.
 type Runner struct {
-	log       zerolog.Logger
-	binDir    string
-	srunArgs  []string
-	env       map[string]string
-	killGrace time.Duration
-	bash      string
-	runuser   string
-	owner     string
-	host      string
+	host     protocol.Host
+	binDir   string
+	srunArgs []string
+	env      map[string]string
+	owner    string
+	hostname string
 }
 
 var _ runners.Runner = (*Runner)(nil)
@@ -99,11 +96,7 @@ func WithEnv(entries ...string) Option {
 // and SIGKILL (default 5 s); the job's own processes follow the cluster's
 // KillWait.
 func WithKillGrace(d time.Duration) Option {
-	return func(r *Runner) {
-		if d > 0 {
-			r.killGrace = d
-		}
-	}
+	return func(r *Runner) { r.host.SetKillGrace(d) }
 }
 
 // WithOwner sets the owner mark put in every job's comment (default: the
@@ -116,20 +109,13 @@ func WithOwner(marker string) Option {
 // New returns a slurm runner.
 func New(log zerolog.Logger, opts ...Option) *Runner {
 	// Without a host name the comment is the mark alone.
-	host, _ := os.Hostname()
-	r := &Runner{
-		owner:     os.Getenv(orphans.EnvVar),
-		host:      host,
-		log:       log.With().Str("runner", Kind).Logger(),
-		env:       map[string]string{},
-		killGrace: procgroup.DefaultKillGrace,
-		bash:      "bash",
-		runuser:   "runuser",
-	}
-	for _, o := range opts {
-		o(r)
-	}
-	return r
+	hostname, _ := os.Hostname()
+	return protocol.Apply(&Runner{
+		host:     protocol.NewHost(Kind, log),
+		owner:    os.Getenv(orphans.EnvVar),
+		hostname: hostname,
+		env:      map[string]string{},
+	}, opts)
 }
 
 // Kind implements runners.Runner.
@@ -138,10 +124,10 @@ func (r *Runner) Kind() string { return Kind }
 // comment is the job comment that marks a job of the daemon marked marker
 // on this host.
 func (r *Runner) comment(marker string) string {
-	if r.host == "" {
+	if r.hostname == "" {
 		return marker
 	}
-	return marker + "@" + r.host
+	return marker + "@" + r.hostname
 }
 
 // JobName is the SLURM job name of an invocation.
@@ -155,10 +141,15 @@ func JobName(invocationID string) string {
 }
 
 func (r *Runner) bin(name string) (string, error) {
+	return exec.LookPath(r.path(name))
+}
+
+// path is the SLURM command name, in the bin dir when one is set.
+func (r *Runner) path(name string) string {
 	if r.binDir != "" {
-		name = filepath.Join(r.binDir, name)
+		return filepath.Join(r.binDir, name)
 	}
-	return exec.LookPath(name)
+	return name
 }
 
 // Run implements runners.Runner.
@@ -169,75 +160,35 @@ func (r *Runner) Run(ctx context.Context, spec runners.Spec) (runners.Outcome, e
 	if spec.Script == "" && spec.Function.Module == "" {
 		return protocol.Invalid("function.module is required for the slurm runner when no script is given"), nil
 	}
-	if err := protocol.CheckEnv(spec.Env); err != nil {
-		return protocol.Invalid(err.Error()), nil
-	}
-	srun, err := r.bin("srun")
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("slurm runner: %w", err)
-	}
-	files, err := protocol.Prepare(spec)
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("slurm runner: %w", err)
-	}
-	var command []string
-	if spec.Script != "" {
-		if err := protocol.WriteScript(files, spec.Script); err != nil {
-			return runners.Outcome{}, fmt.Errorf("slurm runner: %w", err)
-		}
-		command = []string{r.bash, files.Script}
-	} else {
-		command = []string{spec.Function.Module}
-		if spec.Function.Qualname != "" {
-			command = append(command, spec.Function.Qualname)
-		}
-	}
-	if spec.AsUser != "" {
-		if err := protocol.GiveTo(files, spec.AsUser); err != nil {
-			return protocol.Invalid(err.Error()), nil
-		}
-		command = append([]string{r.runuser, "-u", spec.AsUser, "--"}, command...)
-	}
-
 	name := JobName(spec.InvocationID)
-	workdir := protocol.Workdir(spec)
-	argv := []string{srun, "--job-name=" + name, "--ntasks=1", "--chdir=" + workdir, "--quiet"}
-	if r.owner != "" {
-		argv = append(argv, "--comment="+r.comment(r.owner))
-	}
-	argv = append(argv, r.srunArgs...)
-	argv = append(argv, command...)
-
-	log := r.log.With().Str("invocation_id", spec.InvocationID).Str("job_name", name).Logger()
-	log.Debug().Strs("argv", argv).Msg("starting")
-	res, err := procgroup.Run(ctx, procgroup.Command{
-		Argv:      argv,
-		Env:       protocol.HostEnv(spec, files, r.env),
-		Dir:       workdir,
-		Stdin:     files.Args,
-		Output:    spec.Output,
-		Timeout:   spec.Timeout,
-		KillGrace: r.killGrace,
-		Stop:      func(ctx context.Context) error { return r.stopJob(ctx, name) },
+	return r.host.Exec(ctx, spec, protocol.Job{
+		Log: r.host.RunLog(spec).Str("job_name", name).Logger(),
+		Bin: r.path("srun"),
+		Build: func(f protocol.Files, srun string) (protocol.Launch, error) {
+			command, err := r.host.Command(spec, f)
+			if err != nil {
+				return protocol.Launch{}, err
+			}
+			workdir := protocol.Workdir(spec)
+			argv := []string{srun, "--job-name=" + name, "--ntasks=1", "--chdir=" + workdir, "--quiet"}
+			if r.owner != "" {
+				argv = append(argv, "--comment="+r.comment(r.owner))
+			}
+			argv = append(argv, r.srunArgs...)
+			return protocol.Launch{
+				Command: procgroup.Command{
+					Argv: append(argv, command...),
+					Env:  protocol.HostEnv(spec, f, r.env),
+					Dir:  workdir,
+					Stop: func(ctx context.Context) error { return r.stopJob(ctx, name) },
+				},
+				Remove:        func(ctx context.Context) error { return r.cancelJob(ctx, name) },
+				RemoveTimeout: goneTimeout,
+				Left:          "job left behind",
+				Stopping:      "cancelling job",
+			}, nil
+		},
 	})
-	if err != nil {
-		return runners.Outcome{}, fmt.Errorf("slurm runner: %w", err)
-	}
-	if res.Stopped != procgroup.NotStopped {
-		// srun stopped while it was still submitting may have left the job
-		// behind; make sure it is gone before reporting.
-		cleanCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), goneTimeout)
-		if err := r.cancelJob(cleanCtx, name); err != nil {
-			log.Error().Err(err).Msg("job left behind")
-		}
-		cancel()
-		if res.StopErr != nil {
-			log.Warn().Err(res.StopErr).Msg("cancelling job")
-		}
-	}
-	out := protocol.Collect(files, res, spec.Timeout)
-	log.Debug().Str("state", out.State).Int("exit_code", out.ExitCode).Msg("finished")
-	return out, nil
 }
 
 // ReapLeftovers cancels this user's jobs whose comment marks them as
@@ -306,7 +257,7 @@ func (r *Runner) stopJob(ctx context.Context, name string) error {
 	if out, err := r.cmd(ctx, scancel, "--name="+name).CombinedOutput(); err != nil {
 		return fmt.Errorf("scancel --name=%s: %w: %s", name, err, strings.TrimSpace(string(out)))
 	}
-	_, err = r.waitGone(ctx, squeue, name, time.Now().Add(r.killGrace))
+	_, err = r.waitGone(ctx, squeue, name, time.Now().Add(r.host.KillGrace))
 	return err
 }
 

@@ -16,6 +16,7 @@ import (
 	"nymph/runners/runnertest"
 	"nymph/runners/slurm"
 	"nymph/test/realparts"
+	"nymph/test/wait"
 )
 
 func newRunner(t *testing.T, cluster *realparts.Slurm, opts ...slurm.Option) *slurm.Runner {
@@ -40,10 +41,7 @@ func TestRunsAsNamedJob(t *testing.T) {
 		ScratchDir:   t.TempDir(),
 		Script:       "printf '%s %s' \"$SLURM_JOB_NAME\" \"$SLURM_JOB_PARTITION\" > \"$NYMPH_RESULT_PATH\"\n",
 	}
-	out, err := newRunner(t, cluster).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, newRunner(t, cluster), spec)
 	want := slurm.JobName("named-job") + " " + cluster.Partition
 	if out.State != messages.StateSucceeded || string(out.Result) != want {
 		t.Fatalf("outcome %+v result %q, want %q", out, out.Result, want)
@@ -61,10 +59,7 @@ func runTimeout(t *testing.T, cluster *realparts.Slurm) {
 		Script:       "sleep 1000\n",
 		Timeout:      time.Second,
 	}
-	out, err := newRunner(t, cluster).Run(context.Background(), spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := runnertest.Outcome(t, newRunner(t, cluster), spec)
 	if out.State != messages.StateKilled || out.Error.Type != runners.ErrorTypeTimeout {
 		t.Fatalf("outcome %+v", out)
 	}
@@ -99,35 +94,21 @@ func TestReapLeftoversCancelsOnlyOwnJobs(t *testing.T) {
 
 	// What a killed daemon leaves: a job its runner started, and one whose
 	// srun is gone (a batch job carries the same comment).
-	var out runners.Outcome
-	var runErr error
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		out, runErr = r.Run(context.Background(), runners.Spec{
-			InvocationID: "reap-job", ScratchDir: t.TempDir(), Script: "sleep 1000\n",
-		})
-	}()
-	t.Cleanup(func() {
-		// On an early failure: cancel what is left, so Run returns.
-		_, _ = r.ReapLeftovers(context.Background(), marker)
-		<-finished
+	run := runnertest.StartOwned(t, r, marker, runners.Spec{
+		InvocationID: "reap-job", ScratchDir: t.TempDir(), Script: "sleep 1000\n",
 	})
 	// Submitted first: the one-node cluster runs two jobs at a time.
-	end := time.Now().Add(time.Minute)
-	for pause := 20 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
-		q, err := cluster.Command(context.Background(), "squeue", "--noheader", "--states=RUNNING",
+	var q []byte
+	if !wait.Until(time.Minute, func() bool {
+		var err error
+		q, err = cluster.Command(context.Background(), "squeue", "--noheader", "--states=RUNNING",
 			"--name="+slurm.JobName("reap-job"), "--format=%k").CombinedOutput()
 		if err != nil {
 			t.Fatalf("squeue: %v %s", err, q)
 		}
-		if strings.TrimSpace(string(q)) == own {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("job %s with comment %s not running after a minute (squeue: %q)", slurm.JobName("reap-job"), own, q)
-		}
-		time.Sleep(pause)
+		return strings.TrimSpace(string(q)) == own
+	}) {
+		t.Fatalf("job %s with comment %s not running after a minute (squeue: %q)", slurm.JobName("reap-job"), own, q)
 	}
 
 	sbatch := func(comment string) string {
@@ -153,30 +134,21 @@ func TestReapLeftoversCancelsOnlyOwnJobs(t *testing.T) {
 	if n != 2 {
 		t.Fatalf("cancelled %d jobs, want 2 (squeue: %v)", n, jobs(t, cluster))
 	}
-	select {
-	case <-finished:
-	case <-time.After(time.Minute):
-		t.Fatal("Run did not return after its job was cancelled")
-	}
+	out, runErr := run.Wait(t, time.Minute, "Run to return after its job was cancelled")
 	if runErr != nil || out.State == messages.StateSucceeded {
 		t.Fatalf("run of a cancelled job: outcome %+v error %v", out, runErr)
 	}
-	end = time.Now().Add(time.Minute)
-	for pause := 20 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
-		listed := jobs(t, cluster)
-		ownLeft := slices.ContainsFunc(listed, func(l string) bool { return strings.HasSuffix(l, "|"+own) })
-		if !ownLeft {
-			for _, id := range others {
-				if !slices.ContainsFunc(listed, func(l string) bool { return strings.HasPrefix(l, id+"|") }) {
-					t.Fatalf("job %s of another owner is gone (squeue: %v)", id, listed)
-				}
-			}
-			break
+	var listed []string
+	if !wait.Until(time.Minute, func() bool {
+		listed = jobs(t, cluster)
+		return !slices.ContainsFunc(listed, func(l string) bool { return strings.HasSuffix(l, "|"+own) })
+	}) {
+		t.Fatalf("jobs with comment %s still listed after a minute: %v", own, listed)
+	}
+	for _, id := range others {
+		if !slices.ContainsFunc(listed, func(l string) bool { return strings.HasPrefix(l, id+"|") }) {
+			t.Fatalf("job %s of another owner is gone (squeue: %v)", id, listed)
 		}
-		if time.Now().After(end) {
-			t.Fatalf("jobs with comment %s still listed after a minute: %v", own, listed)
-		}
-		time.Sleep(pause)
 	}
 	b, err := cluster.Command(context.Background(), "scancel", others...).CombinedOutput()
 	if err != nil {
