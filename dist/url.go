@@ -91,22 +91,24 @@ func FetchChecksum(ctx context.Context, client *http.Client, binaryURL string) (
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
-			ue.URL = redact(ue.URL) // a presigned query is a credential
+			ue.URL = RedactURL(ue.URL) // a presigned query is a credential
 		}
 		return "", fmt.Errorf("dist: fetch sidecar: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("dist: fetch sidecar %s: HTTP %s", redact(su), resp.Status)
+		return "", fmt.Errorf("dist: fetch sidecar %s: HTTP %s", RedactURL(su), resp.Status)
 	}
 	sum, err := ParseSidecar(resp.Body)
 	if err != nil {
-		return "", fmt.Errorf("%w (from %s)", err, redact(su))
+		return "", fmt.Errorf("%w (from %s)", err, RedactURL(su))
 	}
 	return sum, nil
 }
 
-func redact(raw string) string {
+// RedactURL keeps only the scheme, host and path of raw, for messages and
+// logs: a presigned query (or userinfo) is a credential.
+func RedactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "<unparseable url>"

@@ -89,21 +89,13 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 			release()
 			break
 		}
-		if s.parked != nil {
-			s.parked(workerKey(wk.ID))
-		}
-		select {
-		case <-woken:
-			release()
-			continue
-		case <-timer.C:
-		case <-s.closing:
-		case <-r.Context().Done():
-			release()
+		end := s.park(r.Context(), workerKey(wk.ID), woken, release, timer.C)
+		if end == parkGone {
 			return
 		}
-		release()
-		break
+		if end == parkOver {
+			break
+		}
 	}
 	if err != nil {
 		if isNotFound(err) {

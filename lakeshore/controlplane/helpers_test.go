@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +17,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/releases"
+	"nymph/lakeshore/store"
+	"nymph/lakeshore/store/sqlite"
 	"nymph/messages"
 )
 
@@ -40,6 +45,34 @@ const (
 	testAdmin  = "admin-secret"
 	testDaemon = "daemon-bootstrap"
 )
+
+// newServer is New over the stores `lakeshore serve` gives a data dir:
+// payloads and releases in cfg.DataDir, and the SQLite file there unless cfg
+// brings a Store. Without a data dir, cfg goes to New as it is.
+func newServer(ctx context.Context, cfg Config) (*Server, error) {
+	var opened store.Store
+	if dir := cfg.DataDir; dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		rel, err := releases.Open(filepath.Join(dir, "releases"))
+		if err != nil {
+			return nil, err
+		}
+		cfg.Releases, cfg.Payloads = rel, NewPayloadStore(filepath.Join(dir, "payloads"))
+		if cfg.Store == nil {
+			if opened, err = sqlite.Open(ctx, filepath.Join(dir, "lakeshore.db")); err != nil {
+				return nil, err
+			}
+			cfg.Store = opened
+		}
+	}
+	srv, err := New(ctx, cfg)
+	if err != nil && opened != nil {
+		opened.Close()
+	}
+	return srv, err
+}
 
 type env struct {
 	t      testing.TB
@@ -73,7 +106,7 @@ func newEnvIn(t testing.TB, dir string, opts ...envOpt) *env {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	srv, err := New(context.Background(), cfg)
+	srv, err := newServer(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

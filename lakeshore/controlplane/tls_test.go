@@ -144,7 +144,7 @@ func newTLSEnv(t testing.TB, opts ...envOpt) *tlsEnv {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	srv, err := New(context.Background(), cfg)
+	srv, err := newServer(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -213,7 +213,7 @@ func TestTLSConfigErrors(t *testing.T) {
 		"missing file":      {filepath.Join(dir, "nope.pem"), ca.keyFile},
 		"key of other cert": {ca.certFile, other.keyFile},
 	} {
-		_, err := New(context.Background(), Config{
+		_, err := newServer(context.Background(), Config{
 			DataDir: filepath.Join(t.TempDir(), "data"), AdminToken: testAdmin, Logger: zerolog.Nop(),
 			TLSCertFile: files[0], TLSKeyFile: files[1],
 		})
