@@ -210,14 +210,8 @@ func TestServeShutsDownGracefully(t *testing.T) {
 	}
 	parked := make(chan string, 8)
 	srv.parked = func(k string) { parked <- k }
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, ln) }()
-	url := "http://" + ln.Addr().String()
+	addr, cancel, served := serveLoopback(t, srv)
+	url := "http://" + addr
 	hr := decodeMP[messages.HelloResponse](t, doCtx(t, context.Background(), http.MethodPost, url+"/v1/daemon/hello", messages.ContentType, testDaemon, mustMarshal(t, helloReq("m", "l"))))
 	polled := make(chan resp, 1)
 	go func() {

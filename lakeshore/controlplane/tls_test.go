@@ -149,15 +149,9 @@ func newTLSEnv(t testing.TB, opts ...envOpt) *tlsEnv {
 		t.Fatalf("New: %v", err)
 	}
 	srv.pollCap = 50 * time.Millisecond
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, ln) }()
+	addr, cancel, served := serveLoopback(t, srv)
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS12}}
-	e.srv, e.url, e.client = srv, "https://"+ln.Addr().String(), &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	e.srv, e.url, e.client = srv, "https://"+addr, &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	t.Cleanup(func() {
 		cancel()
 		if err := <-served; err != nil {
