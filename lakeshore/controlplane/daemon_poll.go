@@ -89,13 +89,13 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 			release()
 			break
 		}
-		end := s.park(r.Context(), workerKey(wk.ID), woken, release, timer.C)
-		if end == parkGone {
+		switch s.park(r.Context(), workerKey(wk.ID), woken, release, timer.C) {
+		case parkWoken:
+			continue
+		case parkGone:
 			return
 		}
-		if end == parkOver {
-			break
-		}
+		break
 	}
 	if err != nil {
 		if isNotFound(err) {

@@ -8,7 +8,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"os"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -28,8 +27,8 @@ type Config struct {
 	// Addr is where `serve` listens; it is only used to derive PublicURL
 	// when that is empty and no listener says better.
 	Addr string
-	// DataDir holds the generated admin token (admin-token); created 0700
-	// if missing. Only needed without AdminToken.
+	// DataDir, an existing directory, holds the generated admin token
+	// (admin-token). Only needed without AdminToken.
 	DataDir string
 	// PublicURL is how daemons reach this server (e.g. "https://cp:7700"); it
 	// prefixes the stdout_url of streamed execs.
@@ -192,11 +191,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.DataDir == "" && cfg.AdminToken == "" {
 		return nil, errors.New("controlplane: DataDir is required")
-	}
-	if cfg.DataDir != "" {
-		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-			return nil, fmt.Errorf("controlplane: data dir: %w", err)
-		}
 	}
 	var err error
 	s.adminToken, s.adminTokenCreated, err = loadAdminToken(cfg.DataDir, cfg.AdminToken)
