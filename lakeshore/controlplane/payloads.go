@@ -265,15 +265,8 @@ func (s *Server) presignMsgpack(w http.ResponseWriter, r *http.Request, p daemon
 	if err != nil {
 		return nil, err
 	}
-	raw, err := decodeMsgpackMap(body)
-	if err != nil {
-		return nil, err
-	}
-	if err := runChecks(raw, presignChecks); err != nil {
-		return nil, err
-	}
 	var req messages.PresignRequest
-	if err := decodeTyped(body, &req); err != nil {
+	if err := decodeChecked(body, presignChecks, &req); err != nil {
 		return nil, err
 	}
 	return s.presign(r, ns, req)
