@@ -106,8 +106,8 @@ func FetchChecksum(ctx context.Context, client *http.Client, binaryURL string) (
 	return sum, nil
 }
 
-// RedactURL keeps scheme, host and path: a presigned query string is a
-// credential and does not belong in logs or error messages.
+// RedactURL keeps only the scheme, host and path of raw, for messages and
+// logs: a presigned query (or userinfo) is a credential.
 func RedactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -15,7 +16,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"nymph/lakeshore/controlplane"
+	"nymph/lakeshore/releases"
 	"nymph/lakeshore/store/postgres"
+	"nymph/lakeshore/store/sqlite"
 )
 
 // Defaults of `lakeshore serve`.
@@ -126,16 +129,19 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		o.publicURL = strings.TrimRight(withScheme(o.publicURL), "/")
 	}
 
-	shared, err := openStore(ctx, o.store)
-	if err != nil {
+	cfg := controlplane.Config{
+		DataDir:     o.dataDir,
+		AdminToken:  adminToken,
+		DaemonToken: o.daemonToken,
+		Logger:      logger,
+		StaleAfter:  o.staleAfter,
+	}
+	if err := openStores(ctx, &cfg, o.store); err != nil {
 		return err
 	}
-
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
-		if shared != nil {
-			shared.Close()
-		}
+		cfg.Store.Close()
 		return fmt.Errorf("listen on %s: %w", o.addr, err)
 	}
 	defer ln.Close()
@@ -144,26 +150,11 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if public == "" {
 		public = local
 	}
-
-	cfg := controlplane.Config{
-		Addr:        ln.Addr().String(),
-		DataDir:     o.dataDir,
-		PublicURL:   public,
-		AdminToken:  adminToken,
-		DaemonToken: o.daemonToken,
-		Logger:      logger,
-		StaleAfter:  o.staleAfter,
-	}
-	if shared != nil {
-		cfg.Store, cfg.Notifier = shared, shared.Notifier()
-		logger.Info().Str("store", "postgres").Msg("state in PostgreSQL, shared with any other replica")
-	}
+	cfg.Addr, cfg.PublicURL = ln.Addr().String(), public
 	o.identity.apply(&cfg)
 	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
-		if shared != nil {
-			shared.Close()
-		}
+		cfg.Store.Close()
 		return fmt.Errorf("start the control plane: %w", err)
 	}
 	defer srv.Close()
@@ -199,23 +190,39 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	return nil
 }
 
-// openStore opens the PostgreSQL store --store names, or returns nil for the
-// embedded SQLite file the control plane opens itself.
-func openStore(ctx context.Context, spec string) (*postgres.DB, error) {
-	switch {
-	case spec == "" || spec == "sqlite":
-		return nil, nil
-	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
-		db, err := postgres.Open(ctx, spec)
-		if err != nil {
-			// The error may quote the URL, password and all; say where
-			// without it.
-			return nil, fmt.Errorf("--store: open PostgreSQL at %s: %w", redactURL(spec), redactErr(err, spec))
-		}
-		return db, nil
-	default:
-		return nil, usagef("--store %q: want sqlite or a postgres:// URL", redactURL(spec))
+// openStores chooses the control plane's stores: the database --store
+// names (by default the SQLite file in the data dir), and the payloads and
+// releases kept in the data dir.
+func openStores(ctx context.Context, cfg *controlplane.Config, spec string) error {
+	pg := strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://")
+	if !pg && spec != "" && spec != "sqlite" {
+		return usagef("--store %q: want sqlite or a postgres:// URL", redactURL(spec))
 	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("start the control plane: data dir: %w", err)
+	}
+	rel, err := releases.Open(filepath.Join(cfg.DataDir, "releases"))
+	if err != nil {
+		return fmt.Errorf("start the control plane: %w", err)
+	}
+	cfg.Releases, cfg.Payloads = rel, controlplane.NewPayloadStore(filepath.Join(cfg.DataDir, "payloads"))
+	if !pg {
+		db, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "lakeshore.db"))
+		if err != nil {
+			return fmt.Errorf("start the control plane: %w", err)
+		}
+		cfg.Store = db
+		return nil
+	}
+	db, err := postgres.Open(ctx, spec)
+	if err != nil {
+		// The error may quote the URL, password and all; say where
+		// without it.
+		return fmt.Errorf("--store: open PostgreSQL at %s: %w", redactURL(spec), redactErr(err, spec))
+	}
+	cfg.Store, cfg.Notifier = db, db.Notifier()
+	cfg.Logger.Info().Str("store", "postgres").Msg("state in PostgreSQL, shared with any other replica")
+	return nil
 }
 
 // redactURL drops the password from a URL for messages and logs.

@@ -42,11 +42,15 @@ func newRealCP(t *testing.T) *realCP {
 	t.Helper()
 	dir := t.TempDir()
 	hs := httptest.NewUnstartedServer(nil)
-	srv, err := controlplane.New(context.Background(), controlplane.Config{
+	cfg := controlplane.Config{
 		DataDir: filepath.Join(dir, "data"), PublicURL: "http://" + hs.Listener.Addr().String(),
 		AdminToken: realAdmin, DaemonToken: realDaemon,
 		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
-	})
+	}
+	if err := cli.OpenStores(context.Background(), &cfg, ""); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := controlplane.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"nymph/atomicfile"
 	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 )
@@ -34,23 +35,7 @@ func loadAdminToken(dir, given string) (token string, created bool, err error) {
 		return "", false, fmt.Errorf("admin token: %w", err)
 	}
 	token = newSecret("lsa_")
-	tmp, err := os.CreateTemp(dir, ".admin-token-*")
-	if err != nil {
-		return "", false, fmt.Errorf("admin token: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return "", false, fmt.Errorf("admin token: %w", err)
-	}
-	if _, err := tmp.WriteString(token + "\n"); err != nil {
-		tmp.Close()
-		return "", false, fmt.Errorf("admin token: %w", err)
-	}
-	if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
-		return "", false, fmt.Errorf("admin token: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := atomicfile.Write(path, []byte(token+"\n"), 0o600); err != nil {
 		return "", false, fmt.Errorf("admin token: %w", err)
 	}
 	return token, true, nil

@@ -103,6 +103,19 @@ func decodeTyped(body []byte, v any) error {
 	return nil
 }
 
+// decodeChecked decodes a msgpack body into v once its generic map passes
+// checks, so a fault is named by its field before the typed decode.
+func decodeChecked(body []byte, checks []check, v any) error {
+	raw, err := decodeMsgpackMap(body)
+	if err == nil {
+		err = runChecks(raw, checks)
+	}
+	if err == nil {
+		err = decodeTyped(body, v)
+	}
+	return err
+}
+
 // --- operator side: JSON ---
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

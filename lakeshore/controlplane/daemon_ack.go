@@ -30,13 +30,7 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, _ daemonPrinc
 		return
 	}
 	var ack messages.Ack
-	raw, err := decodeMsgpackMap(body)
-	if err == nil {
-		err = runChecks(raw, ackChecks)
-	}
-	if err == nil {
-		err = decodeTyped(body, &ack)
-	}
+	err = decodeChecked(body, ackChecks, &ack)
 	if err == nil {
 		switch ack.State {
 		case messages.StateSucceeded, messages.StateFailed, messages.StateKilled:
@@ -98,13 +92,7 @@ func (s *Server) handleEvent(w http.ResponseWriter, r *http.Request, _ daemonPri
 		return
 	}
 	var ev messages.Event
-	raw, err := decodeMsgpackMap(body)
-	if err == nil {
-		err = runChecks(raw, eventChecks)
-	}
-	if err == nil {
-		err = decodeTyped(body, &ev)
-	}
+	err = decodeChecked(body, eventChecks, &ev)
 	if err != nil {
 		s.log.Info().Err(err).Msg("event refused as malformed")
 		writeDaemonError(w, err)
@@ -144,13 +132,7 @@ func (s *Server) handleResultChunk(w http.ResponseWriter, r *http.Request, _ dae
 		return
 	}
 	var c messages.ResultChunk
-	raw, err := decodeMsgpackMap(body)
-	if err == nil {
-		err = runChecks(raw, resultChunkChecks)
-	}
-	if err == nil {
-		err = decodeTyped(body, &c)
-	}
+	err = decodeChecked(body, resultChunkChecks, &c)
 	if err != nil {
 		s.log.Info().Err(err).Msg("result chunk refused as malformed")
 		writeDaemonError(w, err)

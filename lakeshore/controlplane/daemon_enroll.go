@@ -179,14 +179,7 @@ func (s *Server) helloAuth(next daemonHandler) http.HandlerFunc {
 // parseHello runs the same validation handleHello does.
 func parseHello(body []byte) (messages.HelloRequest, error) {
 	var req messages.HelloRequest
-	raw, err := decodeMsgpackMap(body)
-	if err == nil {
-		err = runChecks(raw, helloChecks)
-	}
-	if err == nil {
-		err = decodeTyped(body, &req)
-	}
-	return req, err
+	return req, decodeChecked(body, helloChecks, &req)
 }
 
 // helloVerdict writes a refusal, or a 503 when deciding failed.

@@ -120,12 +120,5 @@ func (s *Server) repeatRotation(w http.ResponseWriter, r *http.Request, body []b
 
 func parseKeys(body []byte) (messages.KeysRequest, error) {
 	var req messages.KeysRequest
-	raw, err := decodeMsgpackMap(body)
-	if err == nil {
-		err = runChecks(raw, keysChecks)
-	}
-	if err == nil {
-		err = decodeTyped(body, &req)
-	}
-	return req, err
+	return req, decodeChecked(body, keysChecks, &req)
 }

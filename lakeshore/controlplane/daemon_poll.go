@@ -89,20 +89,12 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 			release()
 			break
 		}
-		if s.parked != nil {
-			s.parked(workerKey(wk.ID))
-		}
-		select {
-		case <-woken:
-			release()
+		switch s.park(r.Context(), workerKey(wk.ID), woken, release, timer.C) {
+		case parkWoken:
 			continue
-		case <-timer.C:
-		case <-s.closing:
-		case <-r.Context().Done():
-			release()
+		case parkGone:
 			return
 		}
-		release()
 		break
 	}
 	if err != nil {

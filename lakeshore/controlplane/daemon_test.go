@@ -141,11 +141,7 @@ func TestDaemonAuth(t *testing.T) {
 	}
 
 	mint := func(req operatorapi.TokenRequest) operatorapi.TokenResponse {
-		r := e.op(http.MethodPost, "/v1/tokens", req)
-		if r.status != http.StatusCreated {
-			t.Fatalf("create token: %d %q", r.status, r.body)
-		}
-		return decodeJS[operatorapi.TokenResponse](t, r)
+		return expectJS[operatorapi.TokenResponse](t, e.op(http.MethodPost, "/v1/tokens", req), http.StatusCreated, "create token")
 	}
 	daemonTok := mint(operatorapi.TokenRequest{Kind: operatorapi.TokenDaemon, Label: "rig"})
 	if !strings.HasPrefix(daemonTok.Token, "dlt_") || daemonTok.ExpiresAt != nil {

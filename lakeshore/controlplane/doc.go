@@ -1,7 +1,9 @@
 // Package controlplane owns lakeshore's HTTP server: the daemon routes
 // (msgpack, as the protocol spec describes them from the daemon's side) and
-// the operator routes (JSON, the operatorapi contract), on top of a
-// store.Store — by default the SQLite file in the data directory.
+// the operator routes (JSON, the operatorapi contract), on top of the
+// stores the composition root chooses and hands to New: a store.Store
+// (SQLite or PostgreSQL), a PayloadStore and a releases.Store. routes.go
+// lists every route.
 //
 // Everything a daemon or an operator could lose is in the store before the
 // request that created it is answered: a control plane killed at any moment

@@ -5,8 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +18,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/releases"
+	"nymph/lakeshore/store"
+	"nymph/lakeshore/store/sqlite"
 	"nymph/messages"
 )
 
@@ -40,6 +46,48 @@ const (
 	testAdmin  = "admin-secret"
 	testDaemon = "daemon-bootstrap"
 )
+
+// newServer is New over the stores `lakeshore serve` gives a data dir:
+// payloads and releases in cfg.DataDir, and the SQLite file there unless cfg
+// brings a Store. Without a data dir, cfg goes to New as it is.
+func newServer(ctx context.Context, cfg Config) (*Server, error) {
+	var opened store.Store
+	if dir := cfg.DataDir; dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		rel, err := releases.Open(filepath.Join(dir, "releases"))
+		if err != nil {
+			return nil, err
+		}
+		cfg.Releases, cfg.Payloads = rel, NewPayloadStore(filepath.Join(dir, "payloads"))
+		if cfg.Store == nil {
+			if opened, err = sqlite.Open(ctx, filepath.Join(dir, "lakeshore.db")); err != nil {
+				return nil, err
+			}
+			cfg.Store = opened
+		}
+	}
+	srv, err := New(ctx, cfg)
+	if err != nil && opened != nil {
+		opened.Close()
+	}
+	return srv, err
+}
+
+// serveLoopback runs srv.Serve on a fresh loopback port until cancel;
+// served then reports what Serve returned.
+func serveLoopback(t testing.TB, srv *Server) (addr string, cancel context.CancelFunc, served <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	return ln.Addr().String(), cancel, done
+}
 
 type env struct {
 	t      testing.TB
@@ -73,7 +121,7 @@ func newEnvIn(t testing.TB, dir string, opts ...envOpt) *env {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	srv, err := New(context.Background(), cfg)
+	srv, err := newServer(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -184,15 +232,32 @@ func decodeJS[T any](t testing.TB, r resp) T {
 	return v
 }
 
+// expectJS fails the test, naming what was asked, unless r has status want,
+// and decodes its JSON body.
+func expectJS[T any](t testing.TB, r resp, want int, what string) T {
+	t.Helper()
+	if r.status != want {
+		t.Fatalf("%s: %d %q", what, r.status, r.body)
+	}
+	return decodeJS[T](t, r)
+}
+
+// mustJSON marshals v or fails the test.
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // op calls an operator route with the admin token and a JSON body.
 func (e *env) op(method, path string, body any) resp {
 	e.t.Helper()
 	var b []byte
 	if body != nil {
-		var err error
-		if b, err = json.Marshal(body); err != nil {
-			e.t.Fatalf("marshal: %v", err)
-		}
+		b = mustJSON(e.t, body)
 	}
 	return e.do(method, path, "application/json", testAdmin, b)
 }
@@ -236,29 +301,17 @@ func (e *env) poll(worker string, cursor *string, timeout float64, queue string)
 
 func (e *env) worker(id string) operatorapi.Worker {
 	e.t.Helper()
-	r := e.op(http.MethodGet, "/v1/namespaces/default/workers/"+id, nil)
-	if r.status != http.StatusOK {
-		e.t.Fatalf("get worker: %d %q", r.status, r.body)
-	}
-	return decodeJS[operatorapi.Worker](e.t, r)
+	return expectJS[operatorapi.Worker](e.t, e.op(http.MethodGet, "/v1/namespaces/default/workers/"+id, nil), http.StatusOK, "get worker")
 }
 
 func (e *env) exec(worker string, req operatorapi.ExecRequest) operatorapi.ExecAccepted {
 	e.t.Helper()
-	r := e.op(http.MethodPost, "/v1/namespaces/default/workers/"+worker+"/exec", req)
-	if r.status != http.StatusAccepted {
-		e.t.Fatalf("exec: %d %q", r.status, r.body)
-	}
-	return decodeJS[operatorapi.ExecAccepted](e.t, r)
+	return expectJS[operatorapi.ExecAccepted](e.t, e.op(http.MethodPost, "/v1/namespaces/default/workers/"+worker+"/exec", req), http.StatusAccepted, "exec")
 }
 
 func (e *env) getExec(id, query string) operatorapi.Exec {
 	e.t.Helper()
-	r := e.op(http.MethodGet, "/v1/namespaces/default/execs/"+id+query, nil)
-	if r.status != http.StatusOK {
-		e.t.Fatalf("get exec: %d %q", r.status, r.body)
-	}
-	return decodeJS[operatorapi.Exec](e.t, r)
+	return expectJS[operatorapi.Exec](e.t, e.op(http.MethodGet, "/v1/namespaces/default/execs/"+id+query, nil), http.StatusOK, "get exec")
 }
 
 // errField decodes an error body (msgpack or JSON) and returns its field.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -65,11 +64,7 @@ func (e *tlsEnv) op(method, path string, body any) resp {
 	e.t.Helper()
 	var rd io.Reader
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		rd = bytes.NewReader(b)
+		rd = bytes.NewReader(mustJSON(e.t, body))
 	}
 	req, err := http.NewRequest(method, e.url+path, rd)
 	if err != nil {
@@ -83,11 +78,8 @@ func (e *tlsEnv) op(method, path string, body any) resp {
 // enrollToken mints a one-shot enrollment token through the operator API.
 func (e *tlsEnv) enrollToken(ttl time.Duration) string {
 	e.t.Helper()
-	r := e.op(http.MethodPost, "/v1/tokens", operatorapi.TokenRequest{Kind: operatorapi.TokenEnroll, TTLS: int64(ttl / time.Second)})
-	if r.status != http.StatusCreated {
-		e.t.Fatalf("mint token: %d %q", r.status, r.body)
-	}
-	tok := decodeJS[operatorapi.TokenResponse](e.t, r)
+	tok := expectJS[operatorapi.TokenResponse](e.t, e.op(http.MethodPost, "/v1/tokens",
+		operatorapi.TokenRequest{Kind: operatorapi.TokenEnroll, TTLS: int64(ttl / time.Second)}), http.StatusCreated, "mint token")
 	if !strings.HasPrefix(tok.Token, "dle_") || tok.ExpiresAt == nil {
 		e.t.Fatalf("token %+v", tok)
 	}
@@ -96,11 +88,7 @@ func (e *tlsEnv) enrollToken(ttl time.Duration) string {
 
 func (e *tlsEnv) getWorker(id string) operatorapi.Worker {
 	e.t.Helper()
-	r := e.op(http.MethodGet, "/v1/namespaces/default/workers/"+id, nil)
-	if r.status != http.StatusOK {
-		e.t.Fatalf("get worker: %d %q", r.status, r.body)
-	}
-	return decodeJS[operatorapi.Worker](e.t, r)
+	return expectJS[operatorapi.Worker](e.t, e.op(http.MethodGet, "/v1/namespaces/default/workers/"+id, nil), http.StatusOK, "get worker")
 }
 
 func mustMP(t testing.TB, v any) []byte {

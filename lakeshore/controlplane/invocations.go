@@ -52,16 +52,6 @@ const scriptModule = "_script"
 
 func invocationKey(id string) string { return "i:" + id }
 
-func (s *Server) invocationRoutes(mux *http.ServeMux) {
-	mux.HandleFunc(operatorapi.RouteSubmitInvocation, s.adminAuth(s.handleSubmitInvocation))
-	mux.HandleFunc(operatorapi.RouteListInvocations, s.adminAuth(s.handleListInvocations))
-	mux.HandleFunc(operatorapi.RouteGetInvocation, s.adminAuth(s.handleGetInvocation))
-	mux.HandleFunc(operatorapi.RouteCancelInvocation, s.adminAuth(s.handleCancelInvocation))
-	mux.HandleFunc(operatorapi.RoutePresign, s.handlePresign)
-	mux.HandleFunc(operatorapi.RoutePayloadGet, s.handlePayloadGet)
-	mux.HandleFunc(operatorapi.RoutePayloadPut, s.handlePayloadPut)
-}
-
 // submission is a validated InvocationRequest.
 type submission struct {
 	queue    string
@@ -525,21 +515,12 @@ func (s *Server) handleGetInvocation(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, invocationView(inv, true))
 			return
 		}
-		if s.parked != nil {
-			s.parked(invocationKey(id))
-		}
-		select {
-		case <-woken:
-			release()
-			continue
-		case <-timer.C:
-		case <-s.closing:
-		case <-r.Context().Done():
-			release()
+		switch s.park(r.Context(), invocationKey(id), woken, release, timer.C) {
+		case parkOver:
+			wait = 0
+		case parkGone:
 			return
 		}
-		release()
-		wait = 0
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	crand "crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -100,20 +99,12 @@ func (d *simDaemon) ack(a *messages.Ack) resp {
 
 func (e *env) submit(req operatorapi.InvocationRequest) operatorapi.InvocationSubmitted {
 	e.t.Helper()
-	r := e.op(http.MethodPost, "/v1/namespaces/default/invocations", req)
-	if r.status != http.StatusCreated {
-		e.t.Fatalf("submit: %d %q", r.status, r.body)
-	}
-	return decodeJS[operatorapi.InvocationSubmitted](e.t, r)
+	return expectJS[operatorapi.InvocationSubmitted](e.t, e.op(http.MethodPost, "/v1/namespaces/default/invocations", req), http.StatusCreated, "submit")
 }
 
 func (e *env) invocation(id, query string) operatorapi.Invocation {
 	e.t.Helper()
-	r := e.op(http.MethodGet, "/v1/namespaces/default/invocations/"+id+query, nil)
-	if r.status != http.StatusOK {
-		e.t.Fatalf("get invocation: %d %q", r.status, r.body)
-	}
-	return decodeJS[operatorapi.Invocation](e.t, r)
+	return expectJS[operatorapi.Invocation](e.t, e.op(http.MethodGet, "/v1/namespaces/default/invocations/"+id+query, nil), http.StatusOK, "get invocation")
 }
 
 func runner(s string) *string { return &s }
@@ -730,13 +721,7 @@ func TestInvocationRoutesSurviveRandomInput(t *testing.T) {
 	put := decodeJS[messages.PresignResponse](t, e.op(http.MethodPost, "/v1/namespaces/default/payloads/presign", map[string]any{"op": "put", "key": key}))
 	doCtx(t, context.Background(), http.MethodPut, put.URL, "", "", []byte("blob"))
 	get := decodeJS[messages.PresignResponse](t, e.op(http.MethodPost, "/v1/namespaces/default/payloads/presign", map[string]any{"op": "get", "key": key}))
-	js := func(v any) []byte {
-		b, err := json.Marshal(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	js := func(v any) []byte { return mustJSON(t, v) }
 	type route struct {
 		method, path, token string
 		valid               [][]byte

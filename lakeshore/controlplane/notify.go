@@ -3,6 +3,8 @@ package controlplane
 import (
 	"context"
 	"time"
+
+	"nymph/backoff"
 )
 
 // Notifier carries wake-ups between control-plane replicas that share one
@@ -25,7 +27,8 @@ type Notifier interface {
 	Listen(ctx context.Context, deliver func(key string)) error
 }
 
-// How long one publish may take, and how often a failed listener retries.
+// How long one publish may take, and the backoff of a failed listener (a
+// listen that lasted longer than the maximum starts it over).
 const (
 	publishTimeout = 5 * time.Second
 	listenRetryMin = 100 * time.Millisecond
@@ -49,7 +52,7 @@ func (s *Server) startNotifier(n Notifier) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		backoff := listenRetryMin
+		retry := backoff.New(listenRetryMin, listenRetryMax)
 		for {
 			began := time.Now()
 			err := n.Listen(ctx, s.wake.deliver)
@@ -57,15 +60,13 @@ func (s *Server) startNotifier(n Notifier) (stop func()) {
 				return
 			}
 			if time.Since(began) > listenRetryMax {
-				backoff = listenRetryMin
+				retry.Reset()
 			}
-			s.log.Warn().Err(err).Dur("retry_in", backoff).Msg("listening for the other replicas' wake-ups failed")
-			select {
-			case <-ctx.Done():
+			d := retry.Next()
+			s.log.Warn().Err(err).Dur("retry_in", d).Msg("listening for the other replicas' wake-ups failed")
+			if !backoff.Sleep(ctx, d) {
 				return
-			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, listenRetryMax)
 		}
 	}()
 	return func() {

@@ -106,22 +106,12 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 	_ = enc.Encode(view)
 }
 
-func (s *Server) readExecRequest(w http.ResponseWriter, r *http.Request) (operatorapi.ExecRequest, error) {
-	var req operatorapi.ExecRequest
-	body, err := readBody(w, r, limitResult)
-	if err != nil {
-		return req, err
-	}
-	return req, decodeJSON(body, &req)
-}
-
 func (s *Server) handleWorkerExec(w http.ResponseWriter, r *http.Request) {
 	wk, err := s.resolveWorker(r)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
+	var req operatorapi.ExecRequest
+	if err == nil {
+		req, err = readExecRequest(w, r)
 	}
-	req, err := s.readExecRequest(w, r)
 	if err != nil {
 		writeOperatorError(w, err)
 		return
@@ -130,42 +120,54 @@ func (s *Server) handleWorkerExec(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleQueueExec(w http.ResponseWriter, r *http.Request) {
-	ns, err := namespace(r)
+	wk, req, err := s.queueExec(w, r)
 	if err != nil {
 		writeOperatorError(w, err)
-		return
-	}
-	req, err := s.readExecRequest(w, r)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
-	}
-	if req.Queue == "" {
-		writeOperatorError(w, badField(http.StatusBadRequest, "queue", "missing or empty"))
-		return
-	}
-	if _, err := s.buildExec(r, req, "check"); err != nil {
-		writeOperatorError(w, err)
-		return
-	}
-	all, err := s.st.ListWorkers(r.Context(), ns)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
-	}
-	open, err := s.st.OpenExecs(r.Context(), ns)
-	if err != nil {
-		writeOperatorError(w, err)
-		return
-	}
-	wk, ok := s.pickWorker(all, open, req.Queue, s.now())
-	if !ok {
-		writeOperatorError(w, badField(http.StatusConflict, "queue",
-			"no eligible worker in queue %q: none of the %d workers in namespace %q is active, seen in the last %v, awake, and a member",
-			req.Queue, len(all), ns, s.staleAfter))
 		return
 	}
 	s.submitExec(w, r, wk, req)
+}
+
+func readExecRequest(w http.ResponseWriter, r *http.Request) (operatorapi.ExecRequest, error) {
+	var req operatorapi.ExecRequest
+	body, err := readBody(w, r, limitResult)
+	if err != nil {
+		return req, err
+	}
+	return req, decodeJSON(body, &req)
+}
+
+// queueExec reads an exec for a queue and picks the worker to run it.
+func (s *Server) queueExec(w http.ResponseWriter, r *http.Request) (store.Worker, operatorapi.ExecRequest, error) {
+	ns, err := namespace(r)
+	if err != nil {
+		return store.Worker{}, operatorapi.ExecRequest{}, err
+	}
+	req, err := readExecRequest(w, r)
+	if err != nil {
+		return store.Worker{}, req, err
+	}
+	if req.Queue == "" {
+		return store.Worker{}, req, badField(http.StatusBadRequest, "queue", "missing or empty")
+	}
+	if _, err := s.buildExec(r, req, "check"); err != nil {
+		return store.Worker{}, req, err
+	}
+	all, err := s.st.ListWorkers(r.Context(), ns)
+	if err != nil {
+		return store.Worker{}, req, err
+	}
+	open, err := s.st.OpenExecs(r.Context(), ns)
+	if err != nil {
+		return store.Worker{}, req, err
+	}
+	wk, ok := s.pickWorker(all, open, req.Queue, s.now())
+	if !ok {
+		return store.Worker{}, req, badField(http.StatusConflict, "queue",
+			"no eligible worker in queue %q: none of the %d workers in namespace %q is active, seen in the last %v, awake, and a member",
+			req.Queue, len(all), ns, s.staleAfter)
+	}
+	return wk, req, nil
 }
 
 // pickWorker routes to the least busy eligible worker: not gone, not stale,
@@ -295,20 +297,12 @@ func (s *Server) awaitExec(r *http.Request, ns, id string, wait time.Duration, o
 			release()
 			return e, nil
 		}
-		if s.parked != nil {
-			s.parked(execKey(id))
-		}
-		select {
-		case <-woken:
-		case <-timer.C:
+		switch s.park(r.Context(), execKey(id), woken, release, timer.C) {
+		case parkOver:
 			timedOut = true
-		case <-s.closing:
-			timedOut = true
-		case <-r.Context().Done():
-			release()
+		case parkGone:
 			return store.Exec{}, r.Context().Err()
 		}
-		release()
 		waited = true
 	}
 }

@@ -137,7 +137,7 @@ func (s *Server) handleUpdateWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	cur := versionsOf(wk).Daemon
 	s.log.Info().Str("worker_id", wk.ID).Str("command_id", c.ID).Str("version", ota.Version).
-		Str("url", redactURL(ota.URL)).Str("sha256", ota.SHA256).Msg("ota_update queued")
+		Str("url", dist.RedactURL(ota.URL)).Str("sha256", ota.SHA256).Msg("ota_update queued")
 	writeJSON(w, http.StatusAccepted, operatorapi.UpdateQueued{
 		CommandID: c.ID, WorkerID: wk.ID, Kind: messages.KindOtaUpdate,
 		Version: ota.Version, URL: ota.URL, SHA256: ota.SHA256, CurrentVersion: cur,
@@ -271,14 +271,4 @@ func (s *Server) ownRelease(r *http.Request, u *url.URL) (version, triple string
 		return "", "", false
 	}
 	return version, triple, true
-}
-
-// redactURL drops the query of a URL for the log: a presigned query is a
-// credential.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<unparseable url>"
-	}
-	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }

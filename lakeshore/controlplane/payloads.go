@@ -19,14 +19,15 @@ import (
 	"sync"
 	"time"
 
+	"nymph/atomicfile"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
 )
 
 // The payload store keeps blobs (large invocation args, for now) as files
-// under DataDir/payloads/<namespace>/<key>, each beside a small JSON
-// sidecar with its size and sha256. Readers and writers never get a path:
-// presign hands out a capability URL whose token names the namespace, key,
+// under its directory, <namespace>/<key>, each beside a small JSON sidecar
+// with its size and sha256. Readers and writers never get a path: presign
+// hands out a capability URL whose token names the namespace, key,
 // operation and expiry and is signed with a key derived from the admin
 // token, so it survives restarts and cannot be forged or stretched.
 
@@ -34,7 +35,6 @@ import (
 var payloadKeyRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$`) })
 
 const (
-	payloadsDir   = "payloads"
 	metaSuffix    = ".meta.json"
 	payloadPrefix = "/v1/payloads/"
 	// limitPresign bounds the presign body; it carries a few short fields.
@@ -43,21 +43,15 @@ const (
 
 var errNoPayloadStore = badField(http.StatusServiceUnavailable, "payloads", "this control plane has no data directory, so no payload store")
 
-// payloadStore is the on-disk blob store.
-type payloadStore struct {
-	dir    string // DataDir/payloads; empty: no store
-	urlKey []byte
+// PayloadStore is the on-disk blob store. A nil *PayloadStore is none: the
+// payload routes say so.
+type PayloadStore struct {
+	dir string
 }
 
-func newPayloadStore(dataDir, adminToken string) payloadStore {
-	mac := hmac.New(sha256.New, []byte(adminToken))
-	mac.Write([]byte("lakeshore payload capability URLs v1"))
-	p := payloadStore{urlKey: mac.Sum(nil)}
-	if dataDir != "" {
-		p.dir = filepath.Join(dataDir, payloadsDir)
-	}
-	return p
-}
+// NewPayloadStore keeps blobs under dir, which is created (0700) with the
+// first one.
+func NewPayloadStore(dir string) *PayloadStore { return &PayloadStore{dir: dir} }
 
 // payloadMeta is the sidecar of one blob.
 type payloadMeta struct {
@@ -67,11 +61,11 @@ type payloadMeta struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
-func (p payloadStore) path(ns, key string) string { return filepath.Join(p.dir, ns, key) }
+func (p *PayloadStore) path(ns, key string) string { return filepath.Join(p.dir, ns, key) }
 
 // meta reads a blob's sidecar; a blob that does not exist is ErrNotExist.
-func (p payloadStore) meta(ns, key string) (payloadMeta, error) {
-	if p.dir == "" {
+func (p *PayloadStore) meta(ns, key string) (payloadMeta, error) {
+	if p == nil {
 		return payloadMeta{}, errNoPayloadStore
 	}
 	if _, err := os.Stat(p.path(ns, key)); err != nil {
@@ -91,23 +85,21 @@ func (p payloadStore) meta(ns, key string) (payloadMeta, error) {
 // put streams r (at most messages.MaxPayload bytes, exactly want when want
 // >= 0) into the blob ns/key, hashing as it goes. A blob already there with
 // the same bytes makes this a no-op; with other bytes it is a conflict.
-func (p payloadStore) put(ns, key string, r io.Reader, want int64, contentType string, now time.Time) (payloadMeta, error) {
-	if p.dir == "" {
+func (p *PayloadStore) put(ns, key string, r io.Reader, want int64, contentType string, now time.Time) (payloadMeta, error) {
+	if p == nil {
 		return payloadMeta{}, errNoPayloadStore
 	}
-	dir := filepath.Join(p.dir, ns)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(p.dir, ns), 0o700); err != nil {
 		return payloadMeta{}, fmt.Errorf("payload dir: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".put-*")
+	blob, err := atomicfile.Create(p.path(ns, key), 0o600)
 	if err != nil {
 		return payloadMeta{}, fmt.Errorf("payload temp file: %w", err)
 	}
-	defer os.Remove(tmp.Name())
+	defer blob.Cleanup()
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(tmp, h), io.LimitReader(r, messages.MaxPayload+1))
+	n, err := io.Copy(io.MultiWriter(blob, h), io.LimitReader(r, messages.MaxPayload+1))
 	if err != nil {
-		tmp.Close()
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return payloadMeta{}, badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
@@ -115,15 +107,10 @@ func (p payloadStore) put(ns, key string, r io.Reader, want int64, contentType s
 		return payloadMeta{}, badField(http.StatusBadRequest, "body", "could not be read: %v", err)
 	}
 	if n > messages.MaxPayload {
-		tmp.Close()
 		return payloadMeta{}, badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
 	}
 	if want >= 0 && n != want {
-		tmp.Close()
 		return payloadMeta{}, badField(http.StatusBadRequest, "size", "presigned for %d bytes, got %d", want, n)
-	}
-	if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
-		return payloadMeta{}, fmt.Errorf("payload write: %w", err)
 	}
 	if contentType == "" {
 		contentType = "application/octet-stream"
@@ -136,33 +123,14 @@ func (p payloadStore) put(ns, key string, r io.Reader, want int64, contentType s
 		return payloadMeta{}, badField(http.StatusConflict, "key", "payload %q already exists with other content", key)
 	}
 	mb, _ := json.Marshal(m)
-	if err := writeFileAtomic(p.path(ns, key)+metaSuffix, mb); err != nil {
-		return payloadMeta{}, err
+	if err := atomicfile.Write(p.path(ns, key)+metaSuffix, mb, 0o600); err != nil {
+		return payloadMeta{}, fmt.Errorf("payload sidecar: %w", err)
 	}
 	// The blob goes last: its presence means its sidecar is complete.
-	if err := os.Rename(tmp.Name(), p.path(ns, key)); err != nil {
-		return payloadMeta{}, fmt.Errorf("payload rename: %w", err)
+	if err := blob.Commit(); err != nil {
+		return payloadMeta{}, fmt.Errorf("payload write: %w", err)
 	}
 	return m, nil
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".meta-*")
-	if err != nil {
-		return fmt.Errorf("payload sidecar: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("payload sidecar: %w", err)
-	}
-	if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
-		return fmt.Errorf("payload sidecar: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("payload sidecar: %w", err)
-	}
-	return nil
 }
 
 // capability is what a presigned URL grants.
@@ -175,16 +143,25 @@ type capability struct {
 	Exp  int64 `json:"e"`
 }
 
-func (p payloadStore) sign(c capability) string {
+// urlKey signs capabilities.
+type urlKey []byte
+
+func newURLKey(adminToken string) urlKey {
+	mac := hmac.New(sha256.New, []byte(adminToken))
+	mac.Write([]byte("lakeshore payload capability URLs v1"))
+	return mac.Sum(nil)
+}
+
+func (k urlKey) sign(c capability) string {
 	body, _ := json.Marshal(c)
 	enc := base64.RawURLEncoding.EncodeToString(body)
-	mac := hmac.New(sha256.New, p.urlKey)
+	mac := hmac.New(sha256.New, k)
 	mac.Write([]byte(enc))
 	return enc + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
 }
 
 // verify checks a token's signature, expiry and operation.
-func (p payloadStore) verify(token, op string, now time.Time) (capability, error) {
+func (k urlKey) verify(token, op string, now time.Time) (capability, error) {
 	forbidden := badField(http.StatusForbidden, "token", "not a valid payload URL (unknown, tampered with, or for another operation)")
 	enc, sig, ok := strings.Cut(token, ".")
 	if !ok || len(token) > 2048 {
@@ -194,7 +171,7 @@ func (p payloadStore) verify(token, op string, now time.Time) (capability, error
 	if err != nil {
 		return capability{}, forbidden
 	}
-	mac := hmac.New(sha256.New, p.urlKey)
+	mac := hmac.New(sha256.New, k)
 	mac.Write([]byte(enc))
 	if !hmac.Equal(got, mac.Sum(nil)) {
 		return capability{}, forbidden
@@ -225,38 +202,26 @@ func (s *Server) storeArgs(ns, key string, data []byte) (*messages.PayloadRef, e
 	return &messages.PayloadRef{Bucket: operatorapi.PayloadBucket, Key: key, Size: uint64(m.Size), ContentType: m.ContentType, SHA256: &sum}, nil
 }
 
-// handlePresign serves RoutePresign: JSON with the admin token, anything
-// else as msgpack from a daemon, signed or with its bearer (as on poll).
-func (s *Server) handlePresign(w http.ResponseWriter, r *http.Request) {
-	if isJSONContentType(r.Header.Get("Content-Type")) {
-		s.adminAuth(func(w http.ResponseWriter, r *http.Request) {
-			ns, err := namespace(r)
-			if err == nil {
-				var req messages.PresignRequest
-				var body []byte
-				if body, err = readBody(w, r, limitPresign); err == nil {
-					if err = decodeJSON(body, &req); err == nil {
-						var resp *messages.PresignResponse
-						if resp, err = s.presign(r, ns, req); err == nil {
-							writeJSON(w, http.StatusOK, resp)
-							return
-						}
-					}
-				}
-			}
-			writeOperatorError(w, err)
-		})(w, r)
+// handlePresignJSON is RoutePresign for an operator.
+func (s *Server) handlePresignJSON(w http.ResponseWriter, r *http.Request) {
+	resp, err := s.presignJSON(w, r)
+	if err != nil {
+		writeOperatorError(w, err)
 		return
 	}
-	s.signedAuth(limitPresign, func(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
-		resp, err := s.presignMsgpack(w, r, p)
-		if err != nil {
-			s.log.Info().Err(err).Msg("presign refused")
-			writeDaemonError(w, err)
-			return
-		}
-		writeMsgpack(w, http.StatusOK, resp)
-	})(w, r)
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// handlePresignMsgpack is RoutePresign for a daemon, signed or with its
+// bearer (as on poll).
+func (s *Server) handlePresignMsgpack(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
+	resp, err := s.presignMsgpack(w, r, p)
+	if err != nil {
+		s.log.Info().Err(err).Msg("presign refused")
+		writeDaemonError(w, err)
+		return
+	}
+	writeMsgpack(w, http.StatusOK, resp)
 }
 
 func isJSONContentType(ct string) bool {
@@ -272,6 +237,22 @@ var presignChecks = []check{
 	{path: "kind", kind: kString},
 }
 
+func (s *Server) presignJSON(w http.ResponseWriter, r *http.Request) (*messages.PresignResponse, error) {
+	ns, err := namespace(r)
+	if err != nil {
+		return nil, err
+	}
+	body, err := readBody(w, r, limitPresign)
+	if err != nil {
+		return nil, err
+	}
+	var req messages.PresignRequest
+	if err := decodeJSON(body, &req); err != nil {
+		return nil, err
+	}
+	return s.presign(r, ns, req)
+}
+
 func (s *Server) presignMsgpack(w http.ResponseWriter, r *http.Request, p daemonPrincipal) (*messages.PresignResponse, error) {
 	ns, err := namespace(r)
 	if err != nil {
@@ -284,15 +265,8 @@ func (s *Server) presignMsgpack(w http.ResponseWriter, r *http.Request, p daemon
 	if err != nil {
 		return nil, err
 	}
-	raw, err := decodeMsgpackMap(body)
-	if err != nil {
-		return nil, err
-	}
-	if err := runChecks(raw, presignChecks); err != nil {
-		return nil, err
-	}
 	var req messages.PresignRequest
-	if err := decodeTyped(body, &req); err != nil {
+	if err := decodeChecked(body, presignChecks, &req); err != nil {
 		return nil, err
 	}
 	return s.presign(r, ns, req)
@@ -300,7 +274,7 @@ func (s *Server) presignMsgpack(w http.ResponseWriter, r *http.Request, p daemon
 
 // presign answers one presign request in namespace ns.
 func (s *Server) presign(r *http.Request, ns string, req messages.PresignRequest) (*messages.PresignResponse, error) {
-	if s.payloads.dir == "" {
+	if s.payloads == nil {
 		return nil, errNoPayloadStore
 	}
 	now := s.now()
@@ -338,7 +312,7 @@ func (s *Server) presign(r *http.Request, ns string, req messages.PresignRequest
 	}
 	c.Op, c.Key = req.Op, key
 	return &messages.PresignResponse{
-		URL:        s.currentPublicURL(r.Host) + payloadPrefix + s.payloads.sign(c),
+		URL:        s.currentPublicURL(r.Host) + payloadPrefix + s.urlKey.sign(c),
 		Key:        key,
 		ExpiresAtS: messages.Epoch(c.Exp),
 	}, nil
@@ -365,7 +339,7 @@ func newPayloadKey(kind, job *string) string {
 }
 
 func (s *Server) handlePayloadGet(w http.ResponseWriter, r *http.Request) {
-	c, err := s.payloads.verify(r.PathValue("token"), messages.PresignGet, s.now())
+	c, err := s.urlKey.verify(r.PathValue("token"), messages.PresignGet, s.now())
 	if err != nil {
 		writeOperatorError(w, err)
 		return
@@ -406,7 +380,7 @@ func (s *Server) handlePayloadPut(w http.ResponseWriter, r *http.Request) {
 		}
 		writeOperatorError(w, err)
 	}
-	c, err := s.payloads.verify(r.PathValue("token"), messages.PresignPut, s.now())
+	c, err := s.urlKey.verify(r.PathValue("token"), messages.PresignPut, s.now())
 	if err != nil {
 		fail(err)
 		return

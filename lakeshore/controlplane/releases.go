@@ -2,10 +2,8 @@ package controlplane
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -17,7 +15,7 @@ import (
 // releaseState is the control plane's half of over-the-air updates: the
 // release store it serves binaries from and the limits of publishing.
 type releaseState struct {
-	store *releases.Store // nil without a data directory
+	store *releases.Store // nil: none (Config.Releases)
 	// maxSize caps one published binary; tests lower it.
 	maxSize int64
 	// client fetches .sha256 sidecars of URLs outside this control plane.
@@ -26,37 +24,6 @@ type releaseState struct {
 
 // sidecarTimeout bounds fetching a checksum for `daemon update --url`.
 const sidecarTimeout = 15 * time.Second
-
-// openReleases opens DataDir/releases. Without a data directory there is
-// nowhere to keep binaries, and the release routes say so.
-func (s *Server) openReleases(dataDir string) error {
-	s.rel = releaseState{maxSize: releases.MaxBinarySize, client: &http.Client{Timeout: sidecarTimeout}}
-	if dataDir == "" {
-		return nil
-	}
-	st, err := releases.Open(filepath.Join(dataDir, "releases"))
-	if err != nil {
-		return fmt.Errorf("controlplane: %w", err)
-	}
-	s.rel.store = st
-	return nil
-}
-
-// releaseRoutes registers the public downloads and the operator routes of
-// releases, target versions, updates and queues.
-func (s *Server) releaseRoutes(mux *http.ServeMux) {
-	mux.HandleFunc(operatorapi.RouteDownloadRelease, s.handleDownloadRelease)
-	mux.HandleFunc(operatorapi.RoutePublishRelease, s.adminAuth(s.handlePublishRelease))
-	mux.HandleFunc(operatorapi.RouteListReleases, s.adminAuth(s.handleListReleases))
-	mux.HandleFunc(operatorapi.RouteDeleteRelease, s.adminAuth(s.handleDeleteRelease))
-	mux.HandleFunc(operatorapi.RouteGetTargetVersion, s.adminAuth(s.handleGetTargetVersion))
-	mux.HandleFunc(operatorapi.RouteSetTargetVersion, s.adminAuth(s.handleSetTargetVersion))
-	mux.HandleFunc(operatorapi.RouteClearTargetVersion, s.adminAuth(s.handleClearTargetVersion))
-	mux.HandleFunc(operatorapi.RouteUpdateWorker, s.adminAuth(s.handleUpdateWorker))
-	mux.HandleFunc(operatorapi.RouteCreateQueue, s.adminAuth(s.handleCreateQueue))
-	mux.HandleFunc(operatorapi.RouteListQueues, s.adminAuth(s.handleListQueues))
-	mux.HandleFunc(operatorapi.RouteEditWorkerQueues, s.adminAuth(s.handleEditWorkerQueues))
-}
 
 var errNoReleaseStore = badField(http.StatusConflict, "", "this control plane has no data directory, so it keeps no releases")
 

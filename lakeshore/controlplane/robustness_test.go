@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"bytes"
-	"encoding/json"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -28,13 +27,7 @@ func TestRandomInputNeverFails(t *testing.T) {
 	open := e.exec(worker, operatorapi.ExecRequest{Command: "true", Stream: true})
 
 	mp := func(v any) []byte { return mustMarshal(t, v) }
-	js := func(v any) []byte {
-		b, err := json.Marshal(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	js := func(v any) []byte { return mustJSON(t, v) }
 	type route struct {
 		method, path, token string
 		valid               [][]byte

@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 func serveForTest(dir string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	srv, err := New(ctx, Config{DataDir: dir, DaemonToken: testDaemon, Logger: zerolog.New(os.Stderr)})
+	srv, err := newServer(ctx, Config{DataDir: dir, DaemonToken: testDaemon, Logger: zerolog.New(os.Stderr)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -204,20 +204,14 @@ func idleRSS(pid int) (int64, error) {
 
 func TestServeShutsDownGracefully(t *testing.T) {
 	dir := t.TempDir()
-	srv, err := New(context.Background(), Config{DataDir: dir, AdminToken: testAdmin, DaemonToken: testDaemon, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	srv, err := newServer(context.Background(), Config{DataDir: dir, AdminToken: testAdmin, DaemonToken: testDaemon, Logger: zerolog.New(zerolog.NewTestWriter(t))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	parked := make(chan string, 8)
 	srv.parked = func(k string) { parked <- k }
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, ln) }()
-	url := "http://" + ln.Addr().String()
+	addr, cancel, served := serveLoopback(t, srv)
+	url := "http://" + addr
 	hr := decodeMP[messages.HelloResponse](t, doCtx(t, context.Background(), http.MethodPost, url+"/v1/daemon/hello", messages.ContentType, testDaemon, mustMarshal(t, helloReq("m", "l"))))
 	polled := make(chan resp, 1)
 	go func() {
@@ -254,7 +248,7 @@ func TestServeShutsDownGracefully(t *testing.T) {
 func TestAdminToken(t *testing.T) {
 	dir := t.TempDir()
 	log := zerolog.New(zerolog.NewTestWriter(t))
-	first, err := New(context.Background(), Config{DataDir: dir, Logger: log})
+	first, err := newServer(context.Background(), Config{DataDir: dir, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +256,7 @@ func TestAdminToken(t *testing.T) {
 		t.Fatalf("generated token %q created=%v", first.AdminToken(), first.AdminTokenCreated())
 	}
 	first.Close()
-	second, err := New(context.Background(), Config{DataDir: dir, Logger: log})
+	second, err := newServer(context.Background(), Config{DataDir: dir, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +266,7 @@ func TestAdminToken(t *testing.T) {
 	second.Close()
 
 	other := t.TempDir()
-	given, err := New(context.Background(), Config{DataDir: other, AdminToken: "from-env", Logger: log})
+	given, err := newServer(context.Background(), Config{DataDir: other, AdminToken: "from-env", Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +277,7 @@ func TestAdminToken(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(other, adminTokenFile)); !os.IsNotExist(err) {
 		t.Fatalf("a given token must not be written: %v", err)
 	}
-	if _, err := New(context.Background(), Config{Logger: log}); err == nil {
+	if _, err := newServer(context.Background(), Config{Logger: log}); err == nil {
 		t.Fatal("New without a data dir must fail")
 	}
 }

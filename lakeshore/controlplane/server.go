@@ -8,8 +8,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -20,8 +18,8 @@ import (
 
 	"nymph/identity"
 	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/releases"
 	"nymph/lakeshore/store"
-	"nymph/lakeshore/store/sqlite"
 )
 
 // Config configures a Server.
@@ -29,8 +27,8 @@ type Config struct {
 	// Addr is where `serve` listens; it is only used to derive PublicURL
 	// when that is empty and no listener says better.
 	Addr string
-	// DataDir holds the SQLite store (lakeshore.db) and the generated admin
-	// token (admin-token). Created 0700 if missing.
+	// DataDir, an existing directory, holds the generated admin token
+	// (admin-token). Only needed without AdminToken.
 	DataDir string
 	// PublicURL is how daemons reach this server (e.g. "https://cp:7700"); it
 	// prefixes the stdout_url of streamed execs.
@@ -43,8 +41,14 @@ type Config struct {
 	DaemonToken string
 	// Logger receives every log line.
 	Logger zerolog.Logger
-	// Store replaces the SQLite file in DataDir when set; Close closes it.
+	// Store holds the state (required). Close closes it; if New fails, it
+	// is still the caller's to close.
 	Store store.Store
+	// Payloads keeps blobs; nil means none, and the payload routes say so.
+	Payloads *PayloadStore
+	// Releases keeps the published binaries; nil means none, and the
+	// release routes say so.
+	Releases *releases.Store
 	// Notifier carries wake-ups to and from the other replicas sharing
 	// Store; nil keeps them in this process (one control plane). With a
 	// Notifier, signature nonces are also recorded in Store, so a request
@@ -91,7 +95,8 @@ type Server struct {
 	wake              *hub
 	handler           http.Handler
 	rel               releaseState
-	payloads          payloadStore
+	payloads          *PayloadStore
+	urlKey            urlKey
 	ident             *identityState
 	tls               *tls.Config
 
@@ -154,15 +159,22 @@ func (g *gate) close() <-chan struct{} {
 	return ch
 }
 
-// New opens the store and the admin token and builds the routes.
+// New opens the admin token and builds the routes over the stores cfg
+// hands it.
 func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("controlplane: Store is required")
+	}
 	s := &Server{
 		log:         cfg.Logger,
+		st:          cfg.Store,
 		now:         cfg.Now,
 		staleAfter:  cfg.StaleAfter,
 		daemonToken: cfg.DaemonToken,
 		addr:        cfg.Addr,
 		wake:        newHub(),
+		rel:         releaseState{store: cfg.Releases, maxSize: releases.MaxBinarySize, client: &http.Client{Timeout: sidecarTimeout}},
+		payloads:    cfg.Payloads,
 		pollCap:     maxPollWait,
 		waitCap:     maxExecWait,
 		closing:     make(chan struct{}),
@@ -177,32 +189,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		u := strings.TrimRight(cfg.PublicURL, "/")
 		s.publicURL.Store(&u)
 	}
-	if cfg.DataDir == "" && (cfg.Store == nil || cfg.AdminToken == "") {
+	if cfg.DataDir == "" && cfg.AdminToken == "" {
 		return nil, errors.New("controlplane: DataDir is required")
-	}
-	if cfg.DataDir != "" {
-		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-			return nil, fmt.Errorf("controlplane: data dir: %w", err)
-		}
 	}
 	var err error
 	s.adminToken, s.adminTokenCreated, err = loadAdminToken(cfg.DataDir, cfg.AdminToken)
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	if err := s.openReleases(cfg.DataDir); err != nil {
-		return nil, err
-	}
+	s.urlKey = newURLKey(s.adminToken)
 	if s.tls, err = loadTLS(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
-	}
-	s.st = cfg.Store
-	if s.st == nil {
-		db, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "lakeshore.db"))
-		if err != nil {
-			return nil, fmt.Errorf("controlplane: %w", err)
-		}
-		s.st = db
 	}
 	var identOpts []identity.Option
 	if cfg.Notifier != nil {
@@ -212,7 +209,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		identOpts = append(identOpts, identity.WithNonceLedger(storeNonces{st: s.st, now: s.now}))
 	}
 	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge, identOpts...)
-	s.payloads = newPayloadStore(cfg.DataDir, s.adminToken)
 	s.handler = s.middleware(s.routes())
 	// Before the sweeper, whose first broadcast may come at once.
 	if cfg.Notifier != nil {
@@ -318,40 +314,6 @@ func advertisedAddr(a net.Addr, fallback string) string {
 		host = "127.0.0.1"
 	}
 	return net.JoinHostPort(host, fmt.Sprint(tcp.Port))
-}
-
-func (s *Server) routes() *http.ServeMux {
-	mux := http.NewServeMux()
-
-	mux.HandleFunc("POST /v1/daemon/hello", s.helloAuth(s.handleHello))
-	mux.HandleFunc("POST /v1/daemon/poll", s.signedAuth(limitSmall, s.handlePoll))
-	mux.HandleFunc("POST /v1/daemon/ack", s.signedAuth(limitAck, s.handleAck))
-	mux.HandleFunc("POST /v1/daemon/event", s.signedAuth(limitChunk, s.handleEvent))
-	mux.HandleFunc("POST /v1/daemon/keys", s.handleKeys)
-	mux.HandleFunc("POST /v1/daemon/result-chunk", s.daemonAuth(s.handleResultChunk))
-	mux.HandleFunc("POST /v1/daemon/exec/{exec_id}/result", s.handleExecResult)
-	mux.HandleFunc("POST /v1/daemon/exec/{exec_id}/chunk", s.handleExecChunk)
-
-	mux.HandleFunc(operatorapi.RouteListWorkers, s.adminAuth(s.handleListWorkers))
-	mux.HandleFunc(operatorapi.RouteGetWorker, s.adminAuth(s.handleGetWorker))
-	mux.HandleFunc(operatorapi.RouteKillWorker, s.adminAuth(s.handleKillWorker))
-	mux.HandleFunc(operatorapi.RouteCleanup, s.adminAuth(s.handleCleanup))
-	mux.HandleFunc(operatorapi.RouteWorkerExec, s.adminAuth(s.handleWorkerExec))
-	mux.HandleFunc(operatorapi.RouteQueueExec, s.adminAuth(s.handleQueueExec))
-	mux.HandleFunc(operatorapi.RouteGetExec, s.adminAuth(s.handleGetExec))
-	mux.HandleFunc(operatorapi.RouteSetup, s.adminAuth(s.handleSetup))
-	mux.HandleFunc(operatorapi.RouteHibernate, s.adminAuth(s.handleHibernate))
-	mux.HandleFunc(operatorapi.RouteReset, s.adminAuth(s.handleReset))
-	mux.HandleFunc(operatorapi.RouteCancel, s.adminAuth(s.handleCancel))
-	mux.HandleFunc(operatorapi.RouteCreateToken, s.adminAuth(s.handleCreateToken))
-	mux.HandleFunc(operatorapi.RouteListTokens, s.adminAuth(s.handleListTokens))
-	mux.HandleFunc(operatorapi.RouteRevokeToken, s.adminAuth(s.handleRevokeToken))
-	mux.HandleFunc(operatorapi.RouteListCommands, s.adminAuth(s.handleListCommands))
-	mux.HandleFunc(operatorapi.RouteRotateKey, s.adminAuth(s.handleRotateKey))
-	mux.HandleFunc(operatorapi.RouteRevokeKey, s.adminAuth(s.handleRevokeKey))
-	s.releaseRoutes(mux)
-	s.invocationRoutes(mux)
-	return mux
 }
 
 // statusWriter remembers the status for the request log.

@@ -1,6 +1,10 @@
 package controlplane
 
-import "sync"
+import (
+	"context"
+	"sync"
+	"time"
+)
 
 // hub hands out wake-up channels by key ("w:<worker>", "e:<exec>"). A
 // broadcast closes the key's current channel, waking every subscriber at
@@ -82,3 +86,31 @@ func (h *hub) size() int {
 func workerKey(id string) string { return "w:" + id }
 
 func execKey(id string) string { return "e:" + id }
+
+// How a long-poll's park ended.
+type parkEnd int
+
+const (
+	parkWoken parkEnd = iota // something under the key changed: read again
+	parkOver                 // the wait ran out or the server is closing: answer what is there
+	parkGone                 // the client left: answer nothing
+)
+
+// park blocks a long-poll on key's woken channel until one of the parkEnd
+// cases, then releases the subscription.
+func (s *Server) park(ctx context.Context, key string, woken <-chan struct{}, release func(), timeout <-chan time.Time) parkEnd {
+	defer release()
+	if s.parked != nil {
+		s.parked(key)
+	}
+	select {
+	case <-woken:
+		return parkWoken
+	case <-timeout:
+		return parkOver
+	case <-s.closing:
+		return parkOver
+	case <-ctx.Done():
+		return parkGone
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"nymph/lakeshore/controlplane"
 	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/store/sqlite"
 	"nymph/messages"
 )
 
@@ -25,9 +26,15 @@ import (
 func realControlPlane(t *testing.T) (*opclient.Client, func(path string, body, out any)) {
 	t.Helper()
 	hs := httptest.NewUnstartedServer(nil)
+	dir := t.TempDir()
+	db, err := sqlite.Open(context.Background(), filepath.Join(dir, "lakeshore.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv, err := controlplane.New(context.Background(), controlplane.Config{
-		DataDir: filepath.Join(t.TempDir(), "data"), PublicURL: "http://" + hs.Listener.Addr().String(),
+		DataDir: filepath.Join(dir, "data"), PublicURL: "http://" + hs.Listener.Addr().String(),
 		AdminToken: token, DaemonToken: "daemon", Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+		Store: db, Payloads: controlplane.NewPayloadStore(filepath.Join(dir, "payloads")),
 	})
 	if err != nil {
 		t.Fatal(err)
