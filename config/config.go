@@ -48,14 +48,13 @@ import (
 	"slices"
 	"strings"
 
+	"nymph/messages"
+
 	"github.com/BurntSushi/toml"
 )
 
 // EnvQueue overrides [daemon] queue; --queue overrides both.
 const EnvQueue = "DREAMLAKE_QUEUE"
-
-// RunnerKinds are the runner kinds nymph knows.
-var RunnerKinds = []string{"process", "python", "docker", "gvisor", "slurm", "echo"}
 
 // Config is nymph's whole configuration. The toml tags are the file's
 // keys, for decoding here and for whoever writes a file (lakeshore's
@@ -125,7 +124,7 @@ type Identity struct {
 	EnrollTokenFile string `toml:"enroll_token_file"`
 }
 
-// Runners holds the [runners.<kind>] tables, one field per RunnerKinds
+// Runners holds the [runners.<kind>] tables, one field per messages.RunnerKinds
 // entry.
 type Runners struct {
 	Process ProcessRunner `toml:"process"`
@@ -428,7 +427,7 @@ func (r *reader) unknown(keys []toml.Key) {
 		case reflect.TypeFor[Config]():
 			r.warn(tableName(k), "unknown section, ignored")
 		case reflect.TypeFor[Runners]():
-			r.warn(tableName(k), "unknown runner kind (known: %s), ignored", strings.Join(RunnerKinds, ", "))
+			r.warn(tableName(k), "unknown runner kind (known: %s), ignored", strings.Join(messages.RunnerKinds, ", "))
 		default:
 			r.warn(keyName(k), "unknown key, ignored")
 		}
@@ -517,12 +516,12 @@ func (r *reader) validate(c *Config) {
 		r.fail("[runtime] runners", "must list at least one runner kind")
 	}
 	for _, k := range c.Runtime.Runners {
-		if !slices.Contains(RunnerKinds, k) {
-			r.fail("[runtime] runners", "unknown runner kind %q (known: %s)", k, strings.Join(RunnerKinds, ", "))
+		if !slices.Contains(messages.RunnerKinds, k) {
+			r.fail("[runtime] runners", "unknown runner kind %q (known: %s)", k, strings.Join(messages.RunnerKinds, ", "))
 		}
 	}
-	if !slices.Contains(RunnerKinds, c.Runtime.DefaultRunner) {
-		r.fail("[runtime] default_runner", "unknown runner kind %q (known: %s)", c.Runtime.DefaultRunner, strings.Join(RunnerKinds, ", "))
+	if !slices.Contains(messages.RunnerKinds, c.Runtime.DefaultRunner) {
+		r.fail("[runtime] default_runner", "unknown runner kind %q (known: %s)", c.Runtime.DefaultRunner, strings.Join(messages.RunnerKinds, ", "))
 	} else if !slices.Contains(c.Runtime.Runners, c.Runtime.DefaultRunner) {
 		r.fail("[runtime] default_runner", "%q is not in [runtime] runners", c.Runtime.DefaultRunner)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"nymph/config"
+	"nymph/messages"
 )
 
 func TestDefaultsFromMinimalFile(t *testing.T) {
@@ -391,8 +392,8 @@ func TestRunnersHasATablePerKind(t *testing.T) {
 	for f := range reflect.TypeFor[config.Runners]().Fields() {
 		tables = append(tables, f.Tag.Get("toml"))
 	}
-	if !reflect.DeepEqual(tables, config.RunnerKinds) {
-		t.Fatalf("Runners tables %q, RunnerKinds %q", tables, config.RunnerKinds)
+	if !reflect.DeepEqual(tables, messages.RunnerKinds) {
+		t.Fatalf("Runners tables %q, RunnerKinds %q", tables, messages.RunnerKinds)
 	}
 }
 

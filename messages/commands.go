@@ -86,6 +86,10 @@ type FunctionRef struct {
 	Qualname string `msgpack:"qualname" json:"qualname"`
 }
 
+// RunnerKinds are the runner kinds a daemon may advertise in
+// capabilities.runners and a run may name in run_config.runner.
+var RunnerKinds = []string{"process", "python", "docker", "gvisor", "slurm", "echo"}
+
 // RunConfig selects and configures the runner of an invocation. Runner nil
 // means the daemon's default_runner.
 type RunConfig struct {

@@ -20,11 +20,11 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
 
-	"nymph/config"
 	"nymph/dist"
 	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/remoteinstall"
+	"nymph/messages"
 )
 
 // InstallResult is what `daemon install --json` prints. WorkerID is null
@@ -167,8 +167,8 @@ func (f *installFlags) validate(alias string) (installPlan, error) {
 		p.runners = []string{"process"}
 	}
 	for i, r := range p.runners {
-		if !slices.Contains(config.RunnerKinds, r) {
-			return p, usagef("--runner %q: unknown runner kind (known: %s)", r, strings.Join(config.RunnerKinds, ", "))
+		if !slices.Contains(messages.RunnerKinds, r) {
+			return p, usagef("--runner %q: unknown runner kind (known: %s)", r, strings.Join(messages.RunnerKinds, ", "))
 		}
 		if slices.Contains(p.runners[:i], r) {
 			return p, usagef("--runner %q: given twice", r)

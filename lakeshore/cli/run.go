@@ -114,7 +114,7 @@ as one msgpack value. --json prints the whole invocation instead
 	fs.BoolVar(&f.noWait, "no-wait", false, "print the invocation id and return without waiting")
 	fs.Float64Var(&f.wait, "wait", 0, "give up waiting after N seconds, exit 253 (0: wait as long as it takes)")
 	_ = cmd.RegisterFlagCompletionFunc("queue", a.completeQueue)
-	_ = cmd.RegisterFlagCompletionFunc("runner", cobra.FixedCompletions(operatorapi.RunnerKinds, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("runner", cobra.FixedCompletions(messages.RunnerKinds, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
 

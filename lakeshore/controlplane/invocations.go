@@ -78,9 +78,9 @@ func validateInvocation(req operatorapi.InvocationRequest) (submission, error) {
 			"%q must start with a letter or digit and contain only letters, digits and . _ : / - (at most 128); a '*' belongs on the daemon's side", sub.queue)
 	}
 	if r := sub.config.Runner; r != nil && *r != "" {
-		if !slices.Contains(operatorapi.RunnerKinds, *r) {
+		if !slices.Contains(messages.RunnerKinds, *r) {
 			return sub, badField(http.StatusBadRequest, "run_config.runner", "unknown runner kind %q; want one of %s",
-				*r, strings.Join(operatorapi.RunnerKinds, ", "))
+				*r, strings.Join(messages.RunnerKinds, ", "))
 		}
 		sub.runner = *r
 	} else {

@@ -49,9 +49,6 @@ func InvocationTerminal(state string) bool {
 	return false
 }
 
-// Runner kinds a daemon may advertise and an invocation may ask for.
-var RunnerKinds = []string{"process", "python", "docker", "gvisor", "slurm", "echo"}
-
 // Error types the control plane itself puts on an invocation.
 const (
 	// ErrorTypeWorkerLost: the daemon running it went stale, was removed,
