@@ -34,23 +34,13 @@ type CA struct {
 // NewCA makes a CA valid for the next day.
 func NewCA(t testing.TB) *CA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	tmpl := &x509.Certificate{
-		SerialNumber:          serial(t),
 		Subject:               pkix.Name{CommonName: "nymph e2e test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	der, key := certify(t, tmpl, nil, nil)
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		t.Fatal(err)
@@ -62,28 +52,37 @@ func NewCA(t testing.TB) *CA {
 	return ca
 }
 
-// Issue makes a server certificate for 127.0.0.1 and localhost and returns
-// its files and the loaded pair.
-func (ca *CA) Issue(t testing.TB) (certFile, keyFile string, pair tls.Certificate) {
+// certify makes a key and a certificate of it from tmpl, valid from an hour
+// ago for a day, signed by parent (nil: self-signed).
+func certify(t testing.TB, tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) ([]byte, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(t),
-		Subject:      pkix.Name{CommonName: "localhost"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+	tmpl.SerialNumber = serial(t)
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
+	if parent == nil {
+		parent, parentKey = tmpl, key
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return der, key
+}
+
+// Issue makes a server certificate for 127.0.0.1 and localhost and returns
+// its files and the loaded pair.
+func (ca *CA) Issue(t testing.TB) (certFile, keyFile string, pair tls.Certificate) {
+	t.Helper()
+	der, key := certify(t, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "localhost"},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"localhost"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}, ca.cert, ca.key)
 	kder, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
