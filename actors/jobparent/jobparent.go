@@ -1,18 +1,25 @@
-// Package jobparent owns the parent actor shared by the exec and the run
-// paths: one child actor per job the ledger holds for a kind, spawned once
-// the job is accepted; a cancel routed to the job's child, or, for a job
+// Package jobparent owns the actors shared by the exec and the run paths:
+// a parent with one child actor per job the ledger holds for a kind,
+// spawned once the job is accepted; a cancel routed to the job's child, or, for a job
 // that never got one, reported as ended unstarted; at the end of the
 // shutdown grace every child aborted hard and every waiting job reported;
 // a finished job's child retired.
 //
-// What differs between the kinds (the child actor, the report of a job
-// that never ran, which notice names which job) comes from a Kind. The
-// bookkeeping that makes a job run once and report once stays in the
-// ledger: a child claims its job there, and the parent only reports a job
-// it manages to claim itself.
+// The child claims its job and runs it on a goroutine of its own, under a
+// context it cancels when the job is aborted; a child that is stopped or
+// restarted aborts its job hard, so that nothing it started outlives it.
+//
+// What differs between the kinds (running and reporting a job, the report
+// of a job that never ran, which notice names which job) comes from a
+// Kind. The bookkeeping that makes a job run once and report once stays in
+// the ledger: a child claims its job there (a restarted child finds it
+// claimed and does not run it twice), and the parent only reports a job it
+// manages to claim itself.
 package jobparent
 
 import (
+	"context"
+	"errors"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -20,6 +27,7 @@ import (
 
 	"nymph/actors/ledger"
 	"nymph/messages"
+	"nymph/runners/procgroup"
 )
 
 // ReasonCancelled is the reason a job cancelled by the operator ends with.
@@ -36,8 +44,10 @@ type Kind struct {
 	Noun, IDField string
 	// ChildName is the actor name of a job's child.
 	ChildName func(id string) string
-	// NewChild makes the child actor that runs a job.
-	NewChild func(id string) actor.Actor
+	// Run runs a job its child claimed and reports it, on a goroutine of
+	// its own. ctx ends when the job is aborted: its cause is the reason,
+	// and a hard abort asks for a kill without grace (procgroup.WithKill).
+	Run func(ctx context.Context, sys *actor.ActorSystem, e *ledger.Entry)
 	// Unstarted reports a job that never ran; the parent has claimed it.
 	Unstarted func(sys *actor.ActorSystem, id, reason string)
 	// Finished is the id of the job a finished notice names, if m is one.
@@ -45,7 +55,7 @@ type Kind struct {
 	// Cancelled is the id of the job a Cancel names, if it names one of
 	// this kind.
 	Cancelled func(m *messages.Cancel) (string, bool)
-	// Jobs counts the goroutines reporting unstarted jobs.
+	// Jobs counts the goroutines running or reporting jobs.
 	Jobs *sync.WaitGroup
 	Log  zerolog.Logger
 	// PropsOptions are added to the parent and to every child.
@@ -112,7 +122,7 @@ func (p *parent) spawnPending(ctx actor.Context) {
 			continue
 		}
 		id := e.ID
-		props := actor.PropsFromProducer(func() actor.Actor { return p.k.NewChild(id) }, p.k.PropsOptions...)
+		props := actor.PropsFromProducer(func() actor.Actor { return &child{k: p.k, id: id} }, p.k.PropsOptions...)
 		pid, err := ctx.SpawnNamed(props, p.k.ChildName(id))
 		if err != nil {
 			p.k.Log.Error().Err(err).Str(p.k.IDField, id).Msgf("cannot spawn %s actor", p.k.Noun)
@@ -148,4 +158,44 @@ func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
 		defer p.k.Jobs.Done()
 		p.k.Unstarted(sys, id, reason)
 	}()
+}
+
+// child runs one job.
+type child struct {
+	k     *Kind
+	id    string
+	abort func(cause error, hard bool)
+}
+
+func (c *child) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		e, ok := c.k.Ledger.Claim(c.k.Kind, c.id)
+		if !ok {
+			// A restarted incarnation: the first one ran the job and
+			// killed it on Restarting; that report is on its way.
+			return
+		}
+		jobCtx, abort := procgroup.WithKill(context.Background())
+		c.abort = abort
+		sys := ctx.ActorSystem()
+		c.k.Jobs.Add(1)
+		go func() {
+			defer c.k.Jobs.Done()
+			defer abort(context.Canceled, false)
+			c.k.Run(jobCtx, sys, e)
+		}()
+	case *messages.Abort:
+		c.stop(m.Reason, m.Hard)
+	case *actor.Stopping:
+		c.stop(c.k.Noun+" actor stopped", true)
+	case *actor.Restarting:
+		c.stop(c.k.Noun+" actor restarted after a crash", true)
+	}
+}
+
+func (c *child) stop(reason string, hard bool) {
+	if c.abort != nil {
+		c.abort(errors.New(reason), hard)
+	}
 }
