@@ -66,19 +66,6 @@ func Props(d *Deps) *actor.Props {
 		Unstarted: func(sys *actor.ActorSystem, id, reason string) {
 			d.report(sys, id, &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason})
 		},
-		Finished: func(m any) (string, bool) {
-			f, ok := m.(*messages.ExecFinished)
-			if !ok {
-				return "", false
-			}
-			return f.ExecID, true
-		},
-		Cancelled: func(m *messages.Cancel) (string, bool) {
-			if m.ExecID == nil {
-				return "", false
-			}
-			return *m.ExecID, true
-		},
 		Jobs: d.Jobs, Log: d.Log, PropsOptions: d.PropsOptions,
 	})
 }

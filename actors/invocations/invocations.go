@@ -77,19 +77,6 @@ func Props(d *Deps) *actor.Props {
 			d.report(sys, &messages.Ack{InvocationID: id, State: messages.StateKilled,
 				Error: &messages.AckError{Type: messages.ErrorTypeCancelled, Message: reason}})
 		},
-		Finished: func(m any) (string, bool) {
-			f, ok := m.(*messages.RunFinished)
-			if !ok {
-				return "", false
-			}
-			return f.InvocationID, true
-		},
-		Cancelled: func(m *messages.Cancel) (string, bool) {
-			if m.InvocationID == nil {
-				return "", false
-			}
-			return *m.InvocationID, true
-		},
 		Jobs: d.Jobs, Log: d.Log, PropsOptions: d.PropsOptions,
 	})
 }

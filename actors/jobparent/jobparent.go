@@ -10,8 +10,7 @@
 // restarted aborts its job hard, so that nothing it started outlives it.
 //
 // What differs between the kinds (running and reporting a job, the report
-// of a job that never ran, which notice names which job) comes from a
-// Kind. The bookkeeping that makes a job run once and report once stays in
+// of a job that never ran) comes from a Kind. The bookkeeping that makes a job run once and report once stays in
 // the ledger: a child claims its job there (a restarted child finds it
 // claimed and does not run it twice), and the parent only reports a job it
 // manages to claim itself.
@@ -34,9 +33,9 @@ import (
 const ReasonCancelled = "cancelled"
 
 // Kind is what the parent needs to know of the jobs it supervises. It
-// outlives every incarnation of the parent. The functions are called on
-// the parent's mailbox, except Unstarted, which runs on a goroutine of its
-// own (reporting touches the disk).
+// outlives every incarnation of the parent. ChildName is called on the
+// parent's mailbox, Run and Unstarted on goroutines of their own
+// (reporting touches the disk).
 type Kind struct {
 	Ledger *ledger.Ledger
 	Kind   ledger.Kind
@@ -50,11 +49,6 @@ type Kind struct {
 	Run func(ctx context.Context, sys *actor.ActorSystem, e *ledger.Entry)
 	// Unstarted reports a job that never ran; the parent has claimed it.
 	Unstarted func(sys *actor.ActorSystem, id, reason string)
-	// Finished is the id of the job a finished notice names, if m is one.
-	Finished func(m any) (string, bool)
-	// Cancelled is the id of the job a Cancel names, if it names one of
-	// this kind.
-	Cancelled func(m *messages.Cancel) (string, bool)
 	// Jobs counts the goroutines running or reporting jobs.
 	Jobs *sync.WaitGroup
 	Log  zerolog.Logger
@@ -85,8 +79,12 @@ func (p *parent) Receive(ctx actor.Context) {
 	case *actor.Started, *messages.Queued:
 		p.spawnPending(ctx)
 	case *messages.Cancel:
-		if id, ok := p.k.Cancelled(m); ok {
-			p.abort(ctx, id, ReasonCancelled, false)
+		id := m.ExecID
+		if p.k.Kind == ledger.Run {
+			id = m.InvocationID
+		}
+		if id != nil {
+			p.abort(ctx, *id, ReasonCancelled, false)
 		}
 	case *messages.GraceExpired:
 		p.closing = true
@@ -100,13 +98,18 @@ func (p *parent) Receive(ctx actor.Context) {
 				delete(p.children, id)
 			}
 		}
-	default:
-		if id, ok := p.k.Finished(m); ok {
-			if pid, ok := p.children[id]; ok {
-				delete(p.children, id)
-				ctx.Stop(pid)
-			}
-		}
+	case *messages.ExecFinished:
+		p.retire(ctx, ledger.Exec, m.ExecID)
+	case *messages.RunFinished:
+		p.retire(ctx, ledger.Run, m.InvocationID)
+	}
+}
+
+// retire stops the child of a finished job.
+func (p *parent) retire(ctx actor.Context, kind ledger.Kind, id string) {
+	if pid, ok := p.children[id]; ok && kind == p.k.Kind {
+		delete(p.children, id)
+		ctx.Stop(pid)
 	}
 }
 
