@@ -1,7 +1,8 @@
 // Package invocations owns the `run` command: what the job child of
-// package jobparent runs for each invocation. It picks the runner from the injected
-// registry by run_config.runner (the default runner only when that is
-// absent; an unknown kind fails the run with "unknown runner kind: X"),
+// package jobparent runs for each invocation. It picks the runner from the
+// injected registry by run_config.runner (the default runner only when
+// that is absent; an unknown kind fails the run with "unknown runner
+// kind: X"),
 // feeds the runner's output into the ledger's stdout tail, and acks the
 // outcome at once through the outbox: succeeded with the result bytes,
 // failed or killed with a structured error.

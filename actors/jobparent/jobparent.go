@@ -1,19 +1,19 @@
 // Package jobparent owns the actors shared by the exec and the run paths:
 // a parent with one child actor per job the ledger holds for a kind,
-// spawned once the job is accepted; a cancel routed to the job's child, or, for a job
-// that never got one, reported as ended unstarted; at the end of the
-// shutdown grace every child aborted hard and every waiting job reported;
-// a finished job's child retired.
+// spawned once the job is accepted; a cancel routed to the job's child,
+// or, for a job that never got one, reported as ended unstarted; at the
+// end of the shutdown grace every child aborted hard and every waiting job
+// reported; a finished job's child retired.
 //
 // The child claims its job and runs it on a goroutine of its own, under a
 // context it cancels when the job is aborted; a child that is stopped or
 // restarted aborts its job hard, so that nothing it started outlives it.
 //
 // What differs between the kinds (running and reporting a job, the report
-// of a job that never ran) comes from a Kind. The bookkeeping that makes a job run once and report once stays in
-// the ledger: a child claims its job there (a restarted child finds it
-// claimed and does not run it twice), and the parent only reports a job it
-// manages to claim itself.
+// of a job that never ran) comes from a Kind. The bookkeeping that makes a
+// job run once and report once stays in the ledger: a child claims its job
+// there (a restarted child finds it claimed and does not run it twice),
+// and the parent only reports a job it manages to claim itself.
 package jobparent
 
 import (
