@@ -102,6 +102,11 @@ type Deps struct {
 	Now func() time.Time
 	// BaseEnv is the environment execs inherit (default os.Environ()).
 	BaseEnv []string
+	// Jobs is the one count of background goroutines that Wait waits
+	// for: the tree's jobs and setups, and those of every extra child
+	// given the same count (OTA downloads, key rotations). Default: a
+	// count of the tree's own.
+	Jobs *sync.WaitGroup
 }
 
 // Option adds to the tree.
@@ -156,7 +161,6 @@ type Daemon struct {
 	ledger *ledger.Ledger
 	fifo   *setupqueue.FIFO
 	state  *poller.State
-	jobs   sync.WaitGroup
 
 	pollerDeps      *poller.Deps
 	setupDeps       *setupqueue.Deps
@@ -205,6 +209,9 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 	if d.BaseEnv == nil {
 		d.BaseEnv = os.Environ()
 	}
+	if d.Jobs == nil {
+		d.Jobs = new(sync.WaitGroup)
+	}
 	var o options
 	for _, opt := range opts {
 		opt(&o)
@@ -225,19 +232,19 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 	}
 	dm.setupDeps = &setupqueue.Deps{
 		FIFO: dm.fifo, Runner: d.Runners["process"], Workdir: s.Workdir, Reprobe: d.Reprobe, Sink: dm.state,
-		Log: d.Log.With().Str("actor", SetupName).Logger(), Jobs: &dm.jobs, PropsOptions: o.propsOpts,
+		Log: d.Log.With().Str("actor", SetupName).Logger(), Jobs: d.Jobs, PropsOptions: o.propsOpts,
 	}
 	dm.execDeps = &execs.Deps{
 		Ledger: dm.ledger,
 		Shell: &execs.Shell{Workdir: s.Workdir, KillGrace: s.KillGrace, Namespace: s.Namespace, BaseEnv: d.BaseEnv,
 			Server: d.Server, Log: d.Log.With().Str("actor", ExecsName).Logger()},
-		Results: d.Results, Log: d.Log.With().Str("actor", ExecsName).Logger(), Jobs: &dm.jobs, PropsOptions: o.propsOpts,
+		Results: d.Results, Log: d.Log.With().Str("actor", ExecsName).Logger(), Jobs: d.Jobs, PropsOptions: o.propsOpts,
 		Finished: dm.system.NewLocalPID(RootName),
 	}
 	dm.invocationsDeps = &invocations.Deps{
 		Ledger: dm.ledger, Runners: d.Runners, DefaultRunner: s.DefaultRunner, Workdir: s.Workdir,
 		Acks: d.Results, WorkerID: dm.state.WorkerID, Payloads: d.Server, Namespace: s.Namespace,
-		Log: d.Log.With().Str("actor", InvocationsName).Logger(), Jobs: &dm.jobs, PropsOptions: o.propsOpts,
+		Log: d.Log.With().Str("actor", InvocationsName).Logger(), Jobs: d.Jobs, PropsOptions: o.propsOpts,
 		Finished: dm.system.NewLocalPID(RootName),
 	}
 	return dm, nil
@@ -283,8 +290,9 @@ func (d *Daemon) send(msg any) {
 // Done is closed when the root has stopped.
 func (d *Daemon) Done() <-chan struct{} { return d.done }
 
-// Wait blocks until the root has stopped and every job goroutine has handed
-// its result over (or ctx ends), shuts the actor system down, and returns
+// Wait blocks until the root has stopped and every goroutine Deps.Jobs
+// counts has ended — each job has handed its result over, each key
+// rotation written its key (or ctx ends) — shuts the actor system down, and returns
 // why the daemon stopped: nil, a *RejectError, or an escalated crash.
 func (d *Daemon) Wait(ctx context.Context) error {
 	select {
@@ -294,7 +302,7 @@ func (d *Daemon) Wait(ctx context.Context) error {
 	}
 	jobs := make(chan struct{})
 	go func() {
-		d.jobs.Wait()
+		d.deps.Jobs.Wait()
 		close(jobs)
 	}()
 	select {

@@ -14,7 +14,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"nymph/actors"
-	"nymph/actors/poller"
+	"nymph/backoff"
 	"nymph/messages"
 	"nymph/test/fakecp"
 )
@@ -313,7 +313,7 @@ func TestPollErrorsBackOffWithJitter(t *testing.T) {
 
 func TestBackoffFormulaBounds(t *testing.T) {
 	for _, r := range []float64{0, 0.25, 0.999999} {
-		b := poller.Backoff{Min: time.Second, Max: 60 * time.Second, Rand: func() float64 { return r }}
+		b := backoff.Backoff{Min: time.Second, Max: 60 * time.Second, Rand: func() float64 { return r }}
 		base := time.Second
 		for range 10 {
 			d := b.Next()

@@ -1,8 +1,8 @@
-// Package execs owns the `exec` command: the child actor of each running
-// exec under a parent of package jobparent, and the shell path each child drives (bash -c in its own
-// process group, stdout/stderr capped at 1 MiB or streamed to a LogSink,
-// timeout with a settle grace, payload materialised and verified before the
-// spawn).
+// Package execs owns the `exec` command: what the job child of package
+// jobparent runs for each exec, the shell path (bash -c in its own process
+// group through package procgroup, stdout/stderr capped at 1 MiB or
+// streamed to a LogSink, timeout with a settle grace, payload materialised
+// and verified before the spawn).
 //
 // The bookkeeping that makes a result go out exactly once lives in the
 // ledger, outside every actor: the root accepts the exec there, the parent
@@ -14,6 +14,7 @@
 package execs
 
 import (
+	"context"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -22,13 +23,6 @@ import (
 	"nymph/actors/jobparent"
 	"nymph/actors/ledger"
 	"nymph/messages"
-)
-
-// Reasons an exec ends early; they become the result's error.
-const (
-	ReasonCancelled = jobparent.ReasonCancelled
-	ReasonStopped   = "exec actor stopped"
-	ReasonRestarted = "exec actor restarted after a crash"
 )
 
 // Results takes finished exec results (the outbox).
@@ -59,22 +53,18 @@ func Props(d *Deps) *actor.Props {
 	return jobparent.Props(&jobparent.Kind{
 		Ledger: d.Ledger, Kind: ledger.Exec, Noun: "exec", IDField: "exec_id",
 		ChildName: ChildName,
-		NewChild:  func(id string) actor.Actor { return &child{d: d, id: id} },
+		Run: func(ctx context.Context, sys *actor.ActorSystem, e *ledger.Entry) {
+			var res *messages.ExecResult
+			if body, _ := e.Body.(*messages.Exec); body != nil {
+				res = d.Shell.Run(ctx, body)
+			} else {
+				msg := "exec body missing"
+				res = &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &msg}
+			}
+			d.report(sys, e.ID, res)
+		},
 		Unstarted: func(sys *actor.ActorSystem, id, reason string) {
 			d.report(sys, id, &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason})
-		},
-		Finished: func(m any) (string, bool) {
-			f, ok := m.(*messages.ExecFinished)
-			if !ok {
-				return "", false
-			}
-			return f.ExecID, true
-		},
-		Cancelled: func(m *messages.Cancel) (string, bool) {
-			if m.ExecID == nil {
-				return "", false
-			}
-			return *m.ExecID, true
 		},
 		Jobs: d.Jobs, Log: d.Log, PropsOptions: d.PropsOptions,
 	})
@@ -83,51 +73,6 @@ func Props(d *Deps) *actor.Props {
 // ChildName is the actor name of one exec's child under the parent.
 func ChildName(execID string) string {
 	return ledger.ActorName("exec-", execID)
-}
-
-type child struct {
-	d  *Deps
-	id string
-	g  *Group
-}
-
-func (c *child) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
-	case *actor.Started:
-		e, ok := c.d.Ledger.Claim(ledger.Exec, c.id)
-		if !ok {
-			// A restarted incarnation: the first one ran the exec and its
-			// process was killed on Restarting; that result is on its way.
-			return
-		}
-		body, _ := e.Body.(*messages.Exec)
-		c.g = NewGroup(c.d.Shell.KillGrace)
-		g, sys, id := c.g, ctx.ActorSystem(), c.id
-		c.d.Jobs.Add(1)
-		go func() {
-			defer c.d.Jobs.Done()
-			var res *messages.ExecResult
-			if body == nil {
-				msg := "exec body missing"
-				res = &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &msg}
-			} else {
-				res = c.d.Shell.Run(g, body)
-			}
-			c.d.report(sys, id, res)
-		}()
-	case *messages.Abort:
-		if c.g != nil {
-			c.g.Abort(m.Reason, m.Hard)
-		}
-	case *actor.Stopping:
-		if c.g != nil {
-			c.g.Abort(ReasonStopped, true)
-		}
-	case *actor.Restarting:
-		if c.g != nil {
-			c.g.Abort(ReasonRestarted, true)
-		}
-	}
 }
 
 // report hands a result over exactly once and tells the root.

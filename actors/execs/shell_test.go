@@ -2,8 +2,10 @@ package execs_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,9 +17,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors/execs"
+	"nymph/daemon/orphans"
 	"nymph/daemon/uplink"
 	"nymph/messages"
+	"nymph/runners/procgroup"
 	"nymph/test/fakecp"
+	"nymph/test/wait"
 )
 
 func newShell(t *testing.T, cp *fakecp.CP) *execs.Shell {
@@ -43,7 +48,7 @@ func run(s *execs.Shell, e messages.Exec) *messages.ExecResult {
 	if e.ExecID == "" {
 		e.ExecID = "e1"
 	}
-	return s.Run(execs.NewGroup(s.KillGrace), &e)
+	return s.Run(context.Background(), &e)
 }
 
 func errString(r *messages.ExecResult) string {
@@ -118,9 +123,9 @@ func TestSignalledIsMinusOne(t *testing.T) {
 func TestAbortBeforeSpawnStartsNothing(t *testing.T) {
 	s := newShell(t, nil)
 	marker := filepath.Join(s.Workdir, "ran")
-	g := execs.NewGroup(s.KillGrace)
-	g.Abort("cancelled", false)
-	r := s.Run(g, &messages.Exec{ExecID: "e", Command: "touch " + marker})
+	ctx, abort := procgroup.WithKill(context.Background())
+	abort(errors.New("cancelled"), false)
+	r := s.Run(ctx, &messages.Exec{ExecID: "e", Command: "touch " + marker})
 	if r.ExitCode != messages.ExitFailed || errString(r) != "cancelled" {
 		t.Fatalf("%+v", r)
 	}
@@ -133,22 +138,22 @@ func TestAbortRunningKillsTheWholeGroup(t *testing.T) {
 	s := newShell(t, nil)
 	mark := "NYMPH_TEST_MARK=" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	k, v, _ := strings.Cut(mark, "=")
-	g := execs.NewGroup(s.KillGrace)
+	ctx, abort := procgroup.WithKill(context.Background())
 	done := make(chan *messages.ExecResult)
 	ready := filepath.Join(s.Workdir, "ready")
 	go func() {
-		done <- s.Run(g, &messages.Exec{ExecID: "e", Command: "sleep 30 & sleep 30 & touch " + ready + "; wait", Env: map[string]string{k: v}})
+		done <- s.Run(ctx, &messages.Exec{ExecID: "e", Command: "sleep 30 & sleep 30 & touch " + ready + "; wait", Env: map[string]string{k: v}})
 	}()
-	waitFor(t, func() bool { _, err := os.Stat(ready); return err == nil })
-	if n := len(liveWithEnv(mark)); n < 2 {
+	wait.For(t, 10*time.Second, "the exec to be ready", func() bool { _, err := os.Stat(ready); return err == nil })
+	if n := len(marked(t, mark)); n < 2 {
 		t.Fatalf("expected the shell and its sleeps alive, found %d", n)
 	}
-	g.Abort("exec actor stopped", true)
+	abort(errors.New("exec actor stopped"), true)
 	r := <-done
 	if r.ExitCode != messages.ExitFailed || errString(r) != "exec actor stopped" {
 		t.Fatalf("%+v", r)
 	}
-	waitFor(t, func() bool { return len(liveWithEnv(mark)) == 0 })
+	wait.For(t, 10*time.Second, "the group to be gone", func() bool { return len(marked(t, mark)) == 0 })
 }
 
 func TestBackgroundLeftoversAreKilledAtExit(t *testing.T) {
@@ -159,7 +164,7 @@ func TestBackgroundLeftoversAreKilledAtExit(t *testing.T) {
 	if r.ExitCode != 0 || r.Stdout != "bye\n" {
 		t.Fatalf("%+v", r)
 	}
-	waitFor(t, func() bool { return len(liveWithEnv(mark)) == 0 })
+	wait.For(t, 10*time.Second, "the group to be gone", func() bool { return len(marked(t, mark)) == 0 })
 }
 
 func TestTruncationStrings(t *testing.T) {
@@ -278,38 +283,11 @@ func TestPayloadSHA256MismatchSpawnsNothing(t *testing.T) {
 	}
 }
 
-// liveWithEnv lists live (non-zombie) processes whose environment holds kv.
-func liveWithEnv(kv string) []int {
-	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, []byte(kv+"\x00")) {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
-		}
-		out = append(out, pid)
-	}
-	return out
-}
-
-func waitFor(t *testing.T, cond func() bool) {
+func marked(t *testing.T, kv string) []int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
+	pids, err := orphans.WithEnv("/proc", kv)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return pids
 }

@@ -36,7 +36,7 @@ type shipper struct {
 	dropped    int
 }
 
-func newShipper(s *Shell, execID string, sink *messages.LogSink, log zerolog.Logger) *shipper {
+func newShipper(s *Shell, sink *messages.LogSink, log zerolog.Logger) *shipper {
 	sh := &shipper{
 		flushBytes: int(min(sink.FlushBytes, maxBuffered)),
 		flushEvery: time.Duration(min(sink.FlushMs, 3_600_000)) * time.Millisecond,

@@ -1,15 +1,16 @@
-// Package invocations owns the `run` command: the child actor of each
-// running invocation under a parent of package jobparent. The child picks the runner from the injected
-// registry by run_config.runner (the default runner only when that is
-// absent; an unknown kind fails the run with "unknown runner kind: X"),
+// Package invocations owns the `run` command: what the job child of
+// package jobparent runs for each invocation. It picks the runner from the
+// injected registry by run_config.runner (the default runner only when
+// that is absent; an unknown kind fails the run with "unknown runner
+// kind: X"),
 // feeds the runner's output into the ledger's stdout tail, and acks the
 // outcome at once through the outbox: succeeded with the result bytes,
 // failed or killed with a structured error.
 //
 // Exactly-once acks follow the same rules as execs: the ledger, outside the
-// actors, decides who reports; a child that is stopped or restarted cancels
-// its run, whose runner kills everything it started, and the run is acked
-// killed with type Cancelled.
+// actors, decides who reports; a child that is stopped or restarted aborts
+// its run hard, its runner kills everything it started, and the run is
+// acked killed with type Cancelled.
 package invocations
 
 import (
@@ -32,13 +33,6 @@ import (
 	"nymph/actors/payload"
 	"nymph/messages"
 	"nymph/runners"
-)
-
-// Reasons a run ends early; they become the Cancelled error's message.
-const (
-	ReasonCancelled = jobparent.ReasonCancelled
-	ReasonStopped   = "invocation actor stopped"
-	ReasonRestarted = "invocation actor restarted after a crash"
 )
 
 // Acks takes finished run outcomes (the outbox).
@@ -73,23 +67,16 @@ func Props(d *Deps) *actor.Props {
 	return jobparent.Props(&jobparent.Kind{
 		Ledger: d.Ledger, Kind: ledger.Run, Noun: "invocation", IDField: "invocation_id",
 		ChildName: ChildName,
-		NewChild:  func(id string) actor.Actor { return &child{d: d, id: id} },
+		Run: func(ctx context.Context, sys *actor.ActorSystem, e *ledger.Entry) {
+			ack := failed(e.ID, "run body missing")
+			if body, _ := e.Body.(*messages.Run); body != nil {
+				ack = d.execute(ctx, body, e.Tail)
+			}
+			d.report(sys, ack)
+		},
 		Unstarted: func(sys *actor.ActorSystem, id, reason string) {
 			d.report(sys, &messages.Ack{InvocationID: id, State: messages.StateKilled,
 				Error: &messages.AckError{Type: messages.ErrorTypeCancelled, Message: reason}})
-		},
-		Finished: func(m any) (string, bool) {
-			f, ok := m.(*messages.RunFinished)
-			if !ok {
-				return "", false
-			}
-			return f.InvocationID, true
-		},
-		Cancelled: func(m *messages.Cancel) (string, bool) {
-			if m.InvocationID == nil {
-				return "", false
-			}
-			return *m.InvocationID, true
 		},
 		Jobs: d.Jobs, Log: d.Log, PropsOptions: d.PropsOptions,
 	})
@@ -98,50 +85,6 @@ func Props(d *Deps) *actor.Props {
 // ChildName is the actor name of one run's child under the parent.
 func ChildName(invocationID string) string {
 	return ledger.ActorName("run-", invocationID)
-}
-
-type child struct {
-	d      *Deps
-	id     string
-	cancel context.CancelCauseFunc
-}
-
-func (c *child) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
-	case *actor.Started:
-		e, ok := c.d.Ledger.Claim(ledger.Run, c.id)
-		if !ok {
-			return
-		}
-		body, _ := e.Body.(*messages.Run)
-		runCtx, cancel := context.WithCancelCause(context.Background())
-		c.cancel = cancel
-		sys := ctx.ActorSystem()
-		c.d.Jobs.Add(1)
-		go func() {
-			defer c.d.Jobs.Done()
-			defer cancel(nil)
-			var ack *messages.Ack
-			if body == nil {
-				ack = failed(c.id, "run body missing")
-			} else {
-				ack = c.d.execute(runCtx, body, e.Tail)
-			}
-			c.d.report(sys, ack)
-		}()
-	case *messages.Abort:
-		c.stop(m.Reason)
-	case *actor.Stopping:
-		c.stop(ReasonStopped)
-	case *actor.Restarting:
-		c.stop(ReasonRestarted)
-	}
-}
-
-func (c *child) stop(reason string) {
-	if c.cancel != nil {
-		c.cancel(errors.New(reason))
-	}
 }
 
 // execute runs one invocation and builds its ack.
@@ -235,7 +178,7 @@ func failed(id, msg string) *messages.Ack {
 }
 
 func cancelled(id string, ctx context.Context) *messages.Ack {
-	msg := ReasonCancelled
+	msg := jobparent.ReasonCancelled
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		msg = cause.Error()
 	}

@@ -1,18 +1,24 @@
-// Package jobparent owns the parent actor shared by the exec and the run
-// paths: one child actor per job the ledger holds for a kind, spawned once
-// the job is accepted; a cancel routed to the job's child, or, for a job
-// that never got one, reported as ended unstarted; at the end of the
-// shutdown grace every child aborted hard and every waiting job reported;
-// a finished job's child retired.
+// Package jobparent owns the actors shared by the exec and the run paths:
+// a parent with one child actor per job the ledger holds for a kind,
+// spawned once the job is accepted; a cancel routed to the job's child,
+// or, for a job that never got one, reported as ended unstarted; at the
+// end of the shutdown grace every child aborted hard and every waiting job
+// reported; a finished job's child retired.
 //
-// What differs between the kinds (the child actor, the report of a job
-// that never ran, which notice names which job) comes from a Kind. The
-// bookkeeping that makes a job run once and report once stays in the
-// ledger: a child claims its job there, and the parent only reports a job
-// it manages to claim itself.
+// The child claims its job and runs it on a goroutine of its own, under a
+// context it cancels when the job is aborted; a child that is stopped or
+// restarted aborts its job hard, so that nothing it started outlives it.
+//
+// What differs between the kinds (running and reporting a job, the report
+// of a job that never ran) comes from a Kind. The bookkeeping that makes a
+// job run once and report once stays in the ledger: a child claims its job
+// there (a restarted child finds it claimed and does not run it twice),
+// and the parent only reports a job it manages to claim itself.
 package jobparent
 
 import (
+	"context"
+	"errors"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -20,15 +26,16 @@ import (
 
 	"nymph/actors/ledger"
 	"nymph/messages"
+	"nymph/runners/procgroup"
 )
 
 // ReasonCancelled is the reason a job cancelled by the operator ends with.
 const ReasonCancelled = "cancelled"
 
 // Kind is what the parent needs to know of the jobs it supervises. It
-// outlives every incarnation of the parent. The functions are called on
-// the parent's mailbox, except Unstarted, which runs on a goroutine of its
-// own (reporting touches the disk).
+// outlives every incarnation of the parent. ChildName is called on the
+// parent's mailbox, Run and Unstarted on goroutines of their own
+// (reporting touches the disk).
 type Kind struct {
 	Ledger *ledger.Ledger
 	Kind   ledger.Kind
@@ -36,16 +43,13 @@ type Kind struct {
 	Noun, IDField string
 	// ChildName is the actor name of a job's child.
 	ChildName func(id string) string
-	// NewChild makes the child actor that runs a job.
-	NewChild func(id string) actor.Actor
+	// Run runs a job its child claimed and reports it, on a goroutine of
+	// its own. ctx ends when the job is aborted: its cause is the reason,
+	// and a hard abort asks for a kill without grace (procgroup.WithKill).
+	Run func(ctx context.Context, sys *actor.ActorSystem, e *ledger.Entry)
 	// Unstarted reports a job that never ran; the parent has claimed it.
 	Unstarted func(sys *actor.ActorSystem, id, reason string)
-	// Finished is the id of the job a finished notice names, if m is one.
-	Finished func(m any) (string, bool)
-	// Cancelled is the id of the job a Cancel names, if it names one of
-	// this kind.
-	Cancelled func(m *messages.Cancel) (string, bool)
-	// Jobs counts the goroutines reporting unstarted jobs.
+	// Jobs counts the goroutines running or reporting jobs.
 	Jobs *sync.WaitGroup
 	Log  zerolog.Logger
 	// PropsOptions are added to the parent and to every child.
@@ -75,8 +79,12 @@ func (p *parent) Receive(ctx actor.Context) {
 	case *actor.Started, *messages.Queued:
 		p.spawnPending(ctx)
 	case *messages.Cancel:
-		if id, ok := p.k.Cancelled(m); ok {
-			p.abort(ctx, id, ReasonCancelled, false)
+		id := m.ExecID
+		if p.k.Kind == ledger.Run {
+			id = m.InvocationID
+		}
+		if id != nil {
+			p.abort(ctx, *id, ReasonCancelled, false)
 		}
 	case *messages.GraceExpired:
 		p.closing = true
@@ -90,13 +98,18 @@ func (p *parent) Receive(ctx actor.Context) {
 				delete(p.children, id)
 			}
 		}
-	default:
-		if id, ok := p.k.Finished(m); ok {
-			if pid, ok := p.children[id]; ok {
-				delete(p.children, id)
-				ctx.Stop(pid)
-			}
-		}
+	case *messages.ExecFinished:
+		p.retire(ctx, ledger.Exec, m.ExecID)
+	case *messages.RunFinished:
+		p.retire(ctx, ledger.Run, m.InvocationID)
+	}
+}
+
+// retire stops the child of a finished job.
+func (p *parent) retire(ctx actor.Context, kind ledger.Kind, id string) {
+	if pid, ok := p.children[id]; ok && kind == p.k.Kind {
+		delete(p.children, id)
+		ctx.Stop(pid)
 	}
 }
 
@@ -112,7 +125,7 @@ func (p *parent) spawnPending(ctx actor.Context) {
 			continue
 		}
 		id := e.ID
-		props := actor.PropsFromProducer(func() actor.Actor { return p.k.NewChild(id) }, p.k.PropsOptions...)
+		props := actor.PropsFromProducer(func() actor.Actor { return &child{k: p.k, id: id} }, p.k.PropsOptions...)
 		pid, err := ctx.SpawnNamed(props, p.k.ChildName(id))
 		if err != nil {
 			p.k.Log.Error().Err(err).Str(p.k.IDField, id).Msgf("cannot spawn %s actor", p.k.Noun)
@@ -148,4 +161,44 @@ func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
 		defer p.k.Jobs.Done()
 		p.k.Unstarted(sys, id, reason)
 	}()
+}
+
+// child runs one job.
+type child struct {
+	k     *Kind
+	id    string
+	abort func(cause error, hard bool)
+}
+
+func (c *child) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		e, ok := c.k.Ledger.Claim(c.k.Kind, c.id)
+		if !ok {
+			// A restarted incarnation: the first one ran the job and
+			// killed it on Restarting; that report is on its way.
+			return
+		}
+		jobCtx, abort := procgroup.WithKill(context.Background())
+		c.abort = abort
+		sys := ctx.ActorSystem()
+		c.k.Jobs.Add(1)
+		go func() {
+			defer c.k.Jobs.Done()
+			defer abort(context.Canceled, false)
+			c.k.Run(jobCtx, sys, e)
+		}()
+	case *messages.Abort:
+		c.stop(m.Reason, m.Hard)
+	case *actor.Stopping:
+		c.stop(c.k.Noun+" actor stopped", true)
+	case *actor.Restarting:
+		c.stop(c.k.Noun+" actor restarted after a crash", true)
+	}
+}
+
+func (c *child) stop(reason string, hard bool) {
+	if c.abort != nil {
+		c.abort(errors.New(reason), hard)
+	}
 }

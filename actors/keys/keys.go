@@ -24,11 +24,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"nymph/backoff"
 	"nymph/identity"
 	"nymph/messages"
 )
@@ -62,7 +64,7 @@ type Deps struct {
 	// by default only a cancelled context is final.
 	Retryable func(error) bool
 	// Attempts bounds the posts of one rotation; the delay between them
-	// doubles from RetryMin up to RetryMax.
+	// is the protocol's backoff from RetryMin up to RetryMax.
 	Attempts           int
 	RetryMin, RetryMax time.Duration
 	// RequestTimeout bounds one post.
@@ -73,6 +75,10 @@ type Deps struct {
 	Save func(k *identity.Key, path string) error
 	// Report, when set, is called with the outcome of every rotation.
 	Report func(Result)
+	// Jobs counts rotations under way, so that the daemon's Wait lets one
+	// the control plane accepted write its key before the process exits
+	// (default: a count of its own).
+	Jobs *sync.WaitGroup
 	// PropsOptions are added to the actor's props.
 	PropsOptions []actor.PropsOption
 }
@@ -93,7 +99,8 @@ type Result struct {
 }
 
 // Props returns the props of the keys actor.
-func Props(d *Deps) *actor.Props {
+func Props(deps *Deps) *actor.Props {
+	d := *deps
 	if d.Attempts <= 0 {
 		d.Attempts = DefaultAttempts
 	}
@@ -118,7 +125,10 @@ func Props(d *Deps) *actor.Props {
 	if d.WorkerID == nil {
 		d.WorkerID = func() string { return "" }
 	}
-	return actor.PropsFromProducer(func() actor.Actor { return &keysActor{d: d} }, d.PropsOptions...)
+	if d.Jobs == nil {
+		d.Jobs = new(sync.WaitGroup)
+	}
+	return actor.PropsFromProducer(func() actor.Actor { return &keysActor{d: &d} }, d.PropsOptions...)
 }
 
 // rotated is the self-message a rotation goroutine ends with.
@@ -162,7 +172,9 @@ func (a *keysActor) start(ctx actor.Context, cmdID string) {
 		return
 	}
 	sys, self := ctx.ActorSystem(), ctx.Self()
+	a.d.Jobs.Add(1)
 	go func() {
+		defer a.d.Jobs.Done()
 		res := a.d.rotate(cmdID, outgoing)
 		sys.Root.Send(self, &rotated{res: res})
 	}()
@@ -219,7 +231,7 @@ func (d *Deps) offer(cmdID string, outgoing *identity.Key, res *Result) (*identi
 	}
 	res.NewKeyID = key.ID()
 	req := &messages.KeysRequest{WorkerID: wid, PublicKey: key.PublicKeyB64(), KeyID: key.ID()}
-	delay := d.RetryMin
+	retry := backoff.New(d.RetryMin, d.RetryMax)
 	for {
 		res.Attempts++
 		err := d.post(req, outgoing)
@@ -230,10 +242,10 @@ func (d *Deps) offer(cmdID string, outgoing *identity.Key, res *Result) (*identi
 		case errors.As(err, &rej), res.Attempts >= d.Attempts, !d.Retryable(err):
 			return nil, err
 		}
+		delay := retry.Next()
 		d.Log.Warn().Err(err).Str("command_id", cmdID).Str("new_key_id", key.ID()).Dur("retry_in", delay).
 			Int("attempt", res.Attempts).Msg("key rotation: post failed; retrying with the same new key")
 		time.Sleep(delay)
-		delay = min(2*delay, d.RetryMax)
 	}
 }
 

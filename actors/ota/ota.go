@@ -101,6 +101,10 @@ type Deps struct {
 	// (default /proc/self/exe, which still reads the old image after the
 	// file was replaced).
 	RunningImage string
+	// Jobs counts update goroutines, so that the daemon's Wait lets a
+	// download cancelled by the shutdown remove its temporary file before
+	// the process exits or execs (default: a count of its own).
+	Jobs *sync.WaitGroup
 	// PropsOptions are added to the actor's props.
 	PropsOptions []actor.PropsOption
 }
@@ -117,7 +121,6 @@ type State struct {
 	stopping  bool
 	handoff   *selfupdate.Installed
 	running   string // sha256 of the running image, once computed
-	jobs      sync.WaitGroup
 }
 
 // NewState returns the state of a daemon that has not updated yet.
@@ -134,25 +137,9 @@ func (s *State) Handoff() (selfupdate.Installed, bool) {
 	return *s.handoff, true
 }
 
-// Wait blocks until no update goroutine is left (or ctx ends), so a
-// download cancelled by the shutdown has removed its temporary file before
-// the process exits or execs.
-func (s *State) Wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		s.jobs.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // Props returns the props of the OTA actor.
-func Props(d *Deps) *actor.Props {
+func Props(deps *Deps) *actor.Props {
+	d := *deps
 	if d.Now == nil {
 		d.Now = time.Now
 	}
@@ -165,7 +152,10 @@ func Props(d *Deps) *actor.Props {
 	if d.RunningImage == "" {
 		d.RunningImage = "/proc/self/exe"
 	}
-	return actor.PropsFromProducer(func() actor.Actor { return &otaActor{d: d} }, d.PropsOptions...)
+	if d.Jobs == nil {
+		d.Jobs = new(sync.WaitGroup)
+	}
+	return actor.PropsFromProducer(func() actor.Actor { return &otaActor{d: &d} }, d.PropsOptions...)
 }
 
 // Sources of an update, for the log.
@@ -328,9 +318,9 @@ func (a *otaActor) begin(log zerolog.Logger) (uint64, context.Context, bool) {
 
 func (a *otaActor) spawn(ctx actor.Context, c context.Context, seq uint64, work func(context.Context) done) {
 	sys, self := ctx.ActorSystem(), ctx.Self()
-	a.d.State.jobs.Add(1)
+	a.d.Jobs.Add(1)
 	go func() {
-		defer a.d.State.jobs.Done()
+		defer a.d.Jobs.Done()
 		d := work(c)
 		d.seq = seq
 		sys.Root.Send(self, &d)

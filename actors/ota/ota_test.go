@@ -151,8 +151,11 @@ func newRig(t *testing.T, inst ota.Installer, mod func(*ota.Deps)) *rig {
 	if err := os.WriteFile(running, []byte("the running build"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The daemon's Wait waits for the update goroutines too.
+	jobs := new(sync.WaitGroup)
 	deps := &ota.Deps{
 		Settings:     ota.Settings{Version: "v1", Grace: 10 * time.Second, Triple: dist.DefaultTriple()},
+		Jobs:         jobs,
 		Installer:    inst,
 		State:        ota.NewState(),
 		Log:          log.With().Str("actor", ota.Name).Logger(),
@@ -180,6 +183,7 @@ func newRig(t *testing.T, inst ota.Installer, mod func(*ota.Deps)) *rig {
 		Server: srv, Results: ob,
 		Runners: map[string]runners.Runner{"process": process.New(log, process.WithKillGrace(200*time.Millisecond))},
 		Log:     log,
+		Jobs:    jobs,
 	}, actors.WithChild(ota.Name, ota.Props(deps), messages.KindOtaUpdate))
 	if err != nil {
 		t.Fatal(err)
@@ -208,9 +212,6 @@ func (r *rig) wait() {
 	defer cancel()
 	if err := r.d.Wait(ctx); err != nil {
 		r.t.Fatalf("daemon stop: %v", err)
-	}
-	if err := r.deps.State.Wait(ctx); err != nil {
-		r.t.Fatalf("update goroutines: %v", err)
 	}
 }
 

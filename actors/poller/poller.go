@@ -74,14 +74,15 @@ type Deps struct {
 }
 
 // Props returns the props of the poller.
-func Props(d *Deps) *actor.Props {
+func Props(deps *Deps) *actor.Props {
+	d := *deps
 	if d.Now == nil {
 		d.Now = time.Now
 	}
 	if d.RequestTimeout <= 0 {
 		d.RequestTimeout = d.WaitMax + 30*time.Second
 	}
-	return actor.PropsFromProducer(func() actor.Actor { return &poller{d: d} }, d.PropsOptions...)
+	return actor.PropsFromProducer(func() actor.Actor { return &poller{d: &d} }, d.PropsOptions...)
 }
 
 // TargetVersion is sent to the parent for every poll response that carries

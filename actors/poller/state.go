@@ -4,42 +4,9 @@ import (
 	"sync"
 	"time"
 
+	"nymph/backoff"
 	"nymph/messages"
 )
-
-// Backoff is the spec's poll backoff: each delay is
-// backoff + rand(0,1)·min(backoff, 5 s), after which backoff doubles up to
-// Max; Reset brings it back to Min.
-type Backoff struct {
-	Min, Max time.Duration
-	// Rand returns a uniform value in [0,1).
-	Rand func() float64
-	cur  time.Duration
-}
-
-// jitterCap is the spec's 5 s cap on the jitter term.
-const jitterCap = 5 * time.Second
-
-// Next returns the delay before the next attempt and doubles the backoff.
-func (b *Backoff) Next() time.Duration {
-	if b.cur <= 0 {
-		b.cur = b.Min
-	}
-	d := b.cur + time.Duration(b.Rand()*float64(min(b.cur, jitterCap)))
-	b.cur = min(b.cur*2, b.Max)
-	return d
-}
-
-// Reset brings the backoff back to Min.
-func (b *Backoff) Reset() { b.cur = b.Min }
-
-// Current is the backoff the next delay starts from.
-func (b *Backoff) Current() time.Duration {
-	if b.cur <= 0 {
-		return b.Min
-	}
-	return b.cur
-}
 
 // seenCap bounds the memory of command ids already handled.
 const seenCap = 4096
@@ -58,7 +25,7 @@ type State struct {
 	cursor      *string
 	seen        map[string]struct{}
 	seenOrder   []string
-	backoff     Backoff
+	backoff     backoff.Backoff
 	delays      []time.Duration
 	seq         uint64
 	caps        *messages.Capabilities
@@ -71,7 +38,7 @@ type State struct {
 func NewState(retryMin, retryMax time.Duration, rnd func() float64, now time.Time) *State {
 	return &State{
 		seen:      map[string]struct{}{},
-		backoff:   Backoff{Min: retryMin, Max: retryMax, Rand: rnd},
+		backoff:   backoff.Backoff{Min: retryMin, Max: retryMax, Rand: rnd},
 		idleSince: now,
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/rs/zerolog"
 
@@ -74,13 +75,14 @@ func readEnrollToken(path string) (string, error) {
 	return tok, nil
 }
 
-// keysChild adds the keys actor (rotate_key) to the tree. Its WorkerID is
-// filled in once the tree exists (see wireWorkerID). Rotation retries with
-// the poll's backoff bounds.
-func keysChild(holder *keys.Holder, client *uplink.Client, cfg *config.Config, log zerolog.Logger) (*keys.Deps, actors.Option) {
+// keysChild adds the keys actor (rotate_key) to the tree, its rotations
+// counted in jobs. Rotation retries with the poll's backoff bounds.
+func keysChild(holder *keys.Holder, client *uplink.Client, cfg *config.Config, workerID func() string, jobs *sync.WaitGroup, log zerolog.Logger) actors.Option {
 	d := &keys.Deps{
 		Holder:    holder,
 		KeyFile:   cfg.Identity.KeyFile,
+		WorkerID:  workerID,
+		Jobs:      jobs,
 		Log:       log.With().Str("actor", keys.Name).Logger(),
 		Retryable: uplink.Retryable,
 		RetryMin:  seconds(cfg.Poll.RetryMinS),
@@ -89,7 +91,7 @@ func keysChild(holder *keys.Holder, client *uplink.Client, cfg *config.Config, l
 	if holder != nil {
 		d.Server = client
 	}
-	return d, actors.WithChild(keys.Name, keys.Props(d), messages.KindRotateKey)
+	return actors.WithChild(keys.Name, keys.Props(d), messages.KindRotateKey)
 }
 
 // loggingServer is the uplink client with a log line for an enrollment,

@@ -79,10 +79,7 @@ func otaWiring(cfg *config.Config, grace time.Duration, log zerolog.Logger) (*se
 // received meanwhile wins: the operator asked for a stop, so the process
 // exits and the new binary runs at the next start. An exec that fails
 // returns the error, for the service manager to start the new binary.
-func handOff(ctx context.Context, updater *selfupdate.Updater, st *ota.State, signalled bool, log zerolog.Logger) error {
-	if err := st.Wait(ctx); err != nil {
-		log.Warn().Err(err).Msg("an update download did not end in time")
-	}
+func handOff(updater *selfupdate.Updater, st *ota.State, signalled bool, log zerolog.Logger) error {
 	inst, ok := st.Handoff()
 	if !ok {
 		return nil

@@ -138,14 +138,22 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
 	}
-	keysDeps, keysOpt := keysChild(holder, client, cfg, log)
+	// One count for jobs, update downloads and key rotations: the
+	// daemon's Wait waits for all of them.
+	jobs := new(sync.WaitGroup)
+	otaDeps.Jobs = jobs
+	// The daemon's poller state, once it is built; rotate_key comes only
+	// after hello, long after.
+	var state *poller.State
+	keysOpt := keysChild(holder, client, cfg, func() string { return state.WorkerID() }, jobs, log)
 	d, err := actors.New(settings, actors.Deps{
 		Server: loggingServer{Client: client, log: log}, Results: box, Runners: registry, Reprobe: reprobe, Log: log,
+		Jobs: jobs,
 	}, actors.WithChild(ota.Name, ota.Props(otaDeps), messages.KindOtaUpdate), keysOpt)
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
 	}
-	keysDeps.WorkerID = d.PollerState().WorkerID
+	state = d.PollerState()
 	log.Info().Str("version", buildinfo.Version).Str("server", cfg.Server.URL).Str("machine_id", machineID).
 		Str("queue", cfg.Daemon.Queue).Strs("runners", hello.Capabilities.Runners).Msg("nymph starting")
 	sigs := make(chan os.Signal, 3)
@@ -187,7 +195,7 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 		log.Warn().Err(err).Msg("results left for the next start")
 	}
 	if runErr == nil {
-		if err := handOff(flushCtx, updater, otaDeps.State, signalled.Load(), log); err != nil {
+		if err := handOff(updater, otaDeps.State, signalled.Load(), log); err != nil {
 			return &exitError{code: exitFailed, err: err}
 		}
 	}

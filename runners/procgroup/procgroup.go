@@ -3,7 +3,8 @@
 // stdout and stderr are streamed as they are produced, a timeout or a
 // cancelled context stops it (SIGTERM to the group, SIGKILL after a settle
 // grace), and the group is killed when the leader exits so that orphaned
-// grandchildren never outlive the run.
+// grandchildren never outlive the run. A context made by WithKill can also
+// ask for a hard kill: SIGKILL at once, even in the middle of the grace.
 //
 // The leader is not reaped until the group has been killed: while it is an
 // unreaped zombie its pid cannot be reused, so signalling the group by that
@@ -41,6 +42,10 @@ const (
 // stderrTailSize bounds the stderr kept for error messages.
 const stderrTailSize = 8 << 10
 
+// readSize is the size of each read from the child's stdout and stderr
+// (the spec's 8 KiB reads).
+const readSize = 8 << 10
+
 // readerDrain bounds how long output readers may run after the group is
 // gone; only a process that left the group (setsid) can hold a pipe open
 // that long.
@@ -55,9 +60,16 @@ type Command struct {
 	// Stdin, when non-empty, is a file opened as the child's stdin;
 	// otherwise stdin is /dev/null.
 	Stdin string
+	// Input, when non-nil, takes the place of Stdin: it is piped to the
+	// child, whose stdin is closed at its end.
+	Input io.Reader
 	// Output, when non-nil, receives stdout and stderr as they arrive; it
 	// must be safe for concurrent use.
 	Output io.Writer
+	// Stdout and Stderr, when non-nil, receive that stream alone as it
+	// arrives (and Output still gets both). A writer that fails is
+	// dropped rather than left to stall the child on a full pipe.
+	Stdout, Stderr io.Writer
 	// Timeout, when positive, bounds the run.
 	Timeout time.Duration
 	// KillGrace is the time between SIGTERM and SIGKILL; zero means
@@ -69,6 +81,17 @@ type Command struct {
 	// group from being killed.
 	Stop func(ctx context.Context) error
 }
+
+// StartError is an error of a command that never started.
+type StartError struct {
+	// Step is what failed ("start bash", "stdout pipe").
+	Step string
+	Err  error
+}
+
+func (e *StartError) Error() string { return "procgroup: " + e.Step + ": " + e.Err.Error() }
+
+func (e *StartError) Unwrap() error { return e.Err }
 
 // Result is how a command ended.
 type Result struct {
@@ -89,8 +112,9 @@ type Result struct {
 
 // Run starts the command in its own process group and returns once the
 // leader has exited and every process left in the group has been killed.
-// An error means the command could not be started. A context that is
-// already done starts nothing and reports Cancelled.
+// An error means the command could not be started (a *StartError, but for
+// an empty argv) or not be waited for. A context that is already done starts nothing and
+// reports Cancelled.
 func Run(ctx context.Context, c Command) (Result, error) {
 	if len(c.Argv) == 0 {
 		return Result{}, errors.New("procgroup: empty argv")
@@ -104,27 +128,30 @@ func Run(ctx context.Context, c Command) (Result, error) {
 		return Result{ExitCode: -1, Stopped: Cancelled, Cause: context.Cause(ctx)}, nil
 	}
 
-	stdin, err := openStdin(c.Stdin)
-	if err != nil {
-		return Result{}, err
+	cmd := exec.Command(c.Argv[0], c.Argv[1:]...)
+	cmd.Stdin = c.Input
+	if c.Input == nil {
+		stdin, err := openStdin(c.Stdin)
+		if err != nil {
+			return Result{}, err
+		}
+		defer stdin.Close()
+		cmd.Stdin = stdin
 	}
-	defer stdin.Close()
 
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		return Result{}, fmt.Errorf("procgroup: stdout pipe: %w", err)
+		return Result{}, &StartError{Step: "stdout pipe", Err: err}
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		outR.Close()
 		outW.Close()
-		return Result{}, fmt.Errorf("procgroup: stderr pipe: %w", err)
+		return Result{}, &StartError{Step: "stderr pipe", Err: err}
 	}
 
-	cmd := exec.Command(c.Argv[0], c.Argv[1:]...)
 	cmd.Env = c.Env
 	cmd.Dir = c.Dir
-	cmd.Stdin = stdin
 	cmd.Stdout = outW
 	cmd.Stderr = errW
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -136,15 +163,15 @@ func Run(ctx context.Context, c Command) (Result, error) {
 	if startErr != nil {
 		outR.Close()
 		errR.Close()
-		return Result{}, fmt.Errorf("procgroup: start %s: %w", c.Argv[0], startErr)
+		return Result{}, &StartError{Step: "start " + c.Argv[0], Err: startErr}
 	}
 	pgid := cmd.Process.Pid
 
 	tail := &tailBuffer{max: stderrTailSize}
 	var readers sync.WaitGroup
 	readers.Add(2)
-	go func() { defer readers.Done(); copyOut(outR, c.Output, nil) }()
-	go func() { defer readers.Done(); copyOut(errR, c.Output, tail) }()
+	go func() { defer readers.Done(); copyOut(outR, c.Output, c.Stdout) }()
+	go func() { defer readers.Done(); copyOut(errR, c.Output, c.Stderr, tail) }()
 
 	exited := make(chan struct{})
 	go func() {
@@ -175,12 +202,12 @@ func Run(ctx context.Context, c Command) (Result, error) {
 			res.StopErr = c.Stop(stopCtx)
 			cancel()
 		}
-		Terminate(pgid, grace)
+		terminate(pgid, grace, hardKill(ctx))
 	}
 	// Orphans left behind by a leader that exited on its own die here too.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	<-exited
-	WaitGone(pgid, grace)
+	waitGone(pgid, grace, nil)
 
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
@@ -216,7 +243,7 @@ func openStdin(path string) (*os.File, error) {
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("procgroup: open stdin: %w", err)
+		return nil, &StartError{Step: "open stdin", Err: err}
 	}
 	return f, nil
 }
@@ -232,19 +259,26 @@ func waitExitNoReap(pid int) {
 	}
 }
 
-// Terminate sends SIGTERM to the group, waits up to grace for its live
-// members to exit, then sends SIGKILL and waits for them to be gone.
-func Terminate(pgid int, grace time.Duration) {
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	if !WaitGone(pgid, grace) {
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		WaitGone(pgid, grace)
+// terminate sends SIGTERM to the group, waits up to grace for its live
+// members to exit, then sends SIGKILL and waits for them to be gone. A
+// closed kill skips or cuts short the wait for SIGTERM to work.
+func terminate(pgid int, grace time.Duration, kill <-chan struct{}) {
+	select {
+	case <-kill:
+	default:
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		if waitGone(pgid, grace, kill) {
+			return
+		}
 	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	waitGone(pgid, grace, nil)
 }
 
-// WaitGone waits up to limit until no live (non-zombie) process is left in
-// the group, and reports whether that happened.
-func WaitGone(pgid int, limit time.Duration) bool {
+// waitGone waits up to limit, or until kill is closed, for no live
+// (non-zombie) process to be left in the group, and reports whether that
+// happened.
+func waitGone(pgid int, limit time.Duration, kill <-chan struct{}) bool {
 	deadline := time.Now().Add(limit)
 	pause := time.Millisecond
 	for {
@@ -255,26 +289,28 @@ func WaitGone(pgid int, limit time.Duration) bool {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(pause)
+		select {
+		case <-kill:
+			return false
+		case <-time.After(pause):
+		}
 		if pause < 50*time.Millisecond {
 			pause *= 2
 		}
 	}
 }
 
-func copyOut(r *os.File, out io.Writer, tail *tailBuffer) {
-	buf := make([]byte, 32<<10)
+// copyOut copies r to every sink until r ends; a sink that fails is
+// dropped, so that it cannot stall the child on a full pipe.
+func copyOut(r *os.File, sinks ...io.Writer) {
+	buf := make([]byte, readSize)
 	for {
 		n, err := r.Read(buf)
-		if n > 0 {
-			if out != nil {
-				// A failing sink must not stall the child on a full pipe.
-				if _, werr := out.Write(buf[:n]); werr != nil {
-					out = nil
+		for i, w := range sinks {
+			if n > 0 && w != nil {
+				if _, werr := w.Write(buf[:n]); werr != nil {
+					sinks[i] = nil
 				}
-			}
-			if tail != nil {
-				tail.Write(buf[:n])
 			}
 		}
 		if err != nil {
@@ -290,17 +326,67 @@ type tailBuffer struct {
 	max int
 }
 
-func (t *tailBuffer) Write(p []byte) {
+func (t *tailBuffer) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.buf = append(t.buf, p...)
 	if over := len(t.buf) - t.max; over > 0 {
 		t.buf = append(t.buf[:0], t.buf[over:]...)
 	}
+	return len(p), nil
 }
 
 func (t *tailBuffer) Bytes() []byte {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]byte(nil), t.buf...)
+}
+
+// Capped keeps the first Limit bytes written to it and notes whether more
+// came; it never fails a write. Read it once Run has returned.
+type Capped struct {
+	Limit     int
+	buf       []byte
+	truncated bool
+}
+
+func (c *Capped) Write(p []byte) (int, error) {
+	b := p
+	if room := c.Limit - len(c.buf); len(b) > room {
+		c.truncated = true
+		b = b[:max(room, 0)]
+	}
+	c.buf = append(c.buf, b...)
+	return len(p), nil
+}
+
+// Bytes is what was kept.
+func (c *Capped) Bytes() []byte { return c.buf }
+
+// Truncated reports whether more than Limit bytes were written.
+func (c *Capped) Truncated() bool { return c.truncated }
+
+type killKey struct{}
+
+// WithKill returns a copy of parent that Run also watches for a hard kill,
+// and the function that ends it: abort cancels the context with cause
+// (the first cause given wins); hard, now or on a later call, also makes a
+// Run stopping the command kill its group at once, without the grace or
+// what is left of it.
+func WithKill(parent context.Context) (ctx context.Context, abort func(cause error, hard bool)) {
+	kill := make(chan struct{})
+	var once sync.Once
+	ctx, cancel := context.WithCancelCause(context.WithValue(parent, killKey{}, kill))
+	return ctx, func(cause error, hard bool) {
+		cancel(cause)
+		if hard {
+			once.Do(func() { close(kill) })
+		}
+	}
+}
+
+// hardKill is the channel of the nearest WithKill, or nil.
+func hardKill(ctx context.Context) <-chan struct{} {
+	kill, _ := ctx.Value(killKey{}).(chan struct{})
+	return kill
 }

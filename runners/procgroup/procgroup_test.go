@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"nymph/runners/procgroup"
+	"nymph/test/wait"
 )
 
 func run(t *testing.T, ctx context.Context, c procgroup.Command) procgroup.Result {
@@ -128,30 +129,66 @@ func TestMembersAndWaitGone(t *testing.T) {
 	}()
 	// Find the group by its unusual command line.
 	var pgid int
-	deadline := time.Now().Add(10 * time.Second)
-	for pgid == 0 && time.Now().Before(deadline) {
+	wait.For(t, 10*time.Second, "the leader", func() bool {
 		pids, _ := procgroup.WithCmdline("sleep 30 & sleep 30")
 		if len(pids) == 1 {
 			pgid = pids[0]
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if pgid == 0 {
-		t.Fatal("leader not found")
-	}
-	for time.Now().Before(deadline) {
-		if m, _ := procgroup.Members(pgid); len(m) == 3 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if m, _ := procgroup.Members(pgid); len(m) != 3 {
-		t.Fatalf("members %v, want leader and two sleeps", m)
-	}
+		return pgid != 0
+	})
+	wait.For(t, 10*time.Second, "the leader and two sleeps", func() bool {
+		m, _ := procgroup.Members(pgid)
+		return len(m) == 3
+	})
 	cancel()
 	<-done
 	if m, _ := procgroup.Members(pgid); len(m) != 0 {
 		t.Fatalf("members left: %v", m)
+	}
+}
+
+func TestInputAndSeparateCappedStreams(t *testing.T) {
+	stdout := &procgroup.Capped{Limit: 4}
+	stderr := &procgroup.Capped{Limit: 100}
+	res := run(t, context.Background(), procgroup.Command{
+		Argv:   []string{"sh", "-c", "cat; echo err >&2"},
+		Input:  strings.NewReader("piped"),
+		Stdout: stdout, Stderr: stderr,
+	})
+	if res.ExitCode != 0 || string(stdout.Bytes()) != "pipe" || !stdout.Truncated() ||
+		string(stderr.Bytes()) != "err\n" || stderr.Truncated() {
+		t.Fatalf("result %+v, stdout %q (%v), stderr %q (%v)", res, stdout.Bytes(), stdout.Truncated(), stderr.Bytes(), stderr.Truncated())
+	}
+}
+
+func TestStartErrorSaysWhatFailed(t *testing.T) {
+	_, err := procgroup.Run(context.Background(), procgroup.Command{Argv: []string{"true"}, Dir: "/nonexistent/dir"})
+	var se *procgroup.StartError
+	if !errors.As(err, &se) || !strings.HasPrefix(err.Error(), "procgroup: start true: ") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+// A hard kill during the grace does not wait for the grace to run out.
+func TestHardKillCutsTheGraceShort(t *testing.T) {
+	ctx, abort := procgroup.WithKill(context.Background())
+	ready := make(chan struct{})
+	go func() {
+		<-ready
+		abort(errors.New("soft"), false)
+		abort(errors.New("hard"), true)
+	}()
+	start := time.Now()
+	res := run(t, ctx, procgroup.Command{
+		Argv:      []string{"sh", "-c", "trap '' TERM; echo go; sleep 30"},
+		Output:    writerFunc(func(p []byte) { closeOnce(ready, p) }),
+		KillGrace: time.Minute,
+	})
+	if res.Stopped != procgroup.Cancelled || res.Cause == nil || res.Cause.Error() != "soft" {
+		t.Fatalf("result %+v", res)
+	}
+	if el := time.Since(start); el > 30*time.Second {
+		t.Fatalf("Run took %s: the hard kill waited for the grace", el)
 	}
 }
 
