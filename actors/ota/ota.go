@@ -230,7 +230,7 @@ func (s *State) stop(stopping bool) context.CancelFunc {
 // command handles an ota_update from the control plane.
 func (a *otaActor) command(ctx actor.Context, cmdID string, cmd messages.OtaUpdate) {
 	log := a.d.Log.With().Str("command_id", cmdID).Str("source", sourceCommand).Str("version", cmd.Version).
-		Str("url", redactURL(cmd.URL)).Logger()
+		Str("url", dist.RedactURL(cmd.URL)).Logger()
 	if err := selfupdate.Validate(cmd); err != nil {
 		log.Warn().Err(err).Msg("ota_update refused; the running binary is unchanged and the daemon keeps polling")
 		return
@@ -265,7 +265,7 @@ func (a *otaActor) target(ctx actor.Context, version string) {
 		return
 	}
 	binURL := dist.URLFor(a.d.ServerURL, dist.DefaultPrefix, version, a.d.Triple)
-	log := a.d.Log.With().Str("source", sourceAuto).Str("version", version).Str("url", redactURL(binURL)).Logger()
+	log := a.d.Log.With().Str("source", sourceAuto).Str("version", version).Str("url", dist.RedactURL(binURL)).Logger()
 	if a.d.Checksum == nil || a.d.Triple == "" || a.d.ServerURL == "" {
 		log.Warn().Msg("auto-update: no release source configured; not updating")
 		return
@@ -280,7 +280,7 @@ func (a *otaActor) target(ctx actor.Context, version string) {
 		d := done{seq: seq, source: sourceAuto, cmd: messages.OtaUpdate{Version: version, URL: binURL}}
 		sum, err := a.d.Checksum(c, binURL)
 		if err != nil {
-			d.err = fmt.Errorf("auto-update: read the checksum of %s: %w", redactURL(binURL), err)
+			d.err = fmt.Errorf("auto-update: read the checksum of %s: %w", dist.RedactURL(binURL), err)
 			return d
 		}
 		d.cmd.SHA256 = sum
@@ -434,4 +434,3 @@ func fileSum(path string) (string, error) {
 
 // redactURL keeps scheme, host and path: a presigned query string is a
 // credential and stays out of the log.
-func redactURL(raw string) string { return dist.RedactURL(raw) }
