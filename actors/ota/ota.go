@@ -431,6 +431,3 @@ func fileSum(path string) (string, error) {
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
-
-// redactURL keeps scheme, host and path: a presigned query string is a
-// credential and stays out of the log.
