@@ -14,7 +14,10 @@ package runners
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"time"
 
 	"nymph/messages"
@@ -88,3 +91,19 @@ const (
 	ErrorTypeCancelled = messages.ErrorTypeCancelled
 	ErrorTypeExit      = "NonZeroExit"
 )
+
+// NewScratchDir makes a fresh private directory (0700) for one job under
+// workdir/area, named after the job and made unique, so a job id that repeats
+// (a retried setup, a re-sent command) never shares one. Remove it with
+// os.RemoveAll when the job ends.
+func NewScratchDir(workdir, area, name string) (string, error) {
+	parent := filepath.Join(workdir, area)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return "", fmt.Errorf("scratch dir: %w", err)
+	}
+	dir, err := os.MkdirTemp(parent, name+"-")
+	if err != nil {
+		return "", fmt.Errorf("scratch dir: %w", err)
+	}
+	return dir, nil
+}

@@ -2,8 +2,6 @@ package execs
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -20,6 +18,7 @@ import (
 
 	"nymph/actors/payload"
 	"nymph/messages"
+	"nymph/runners"
 	"nymph/runners/procgroup"
 )
 
@@ -190,10 +189,8 @@ func (s *Shell) materialise(ctx context.Context, e *messages.Exec) (string, func
 		}
 		data = e.PayloadInline
 	}
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	dir := filepath.Join(s.Workdir, "execs", safeName(e.ExecID)+"-"+hex.EncodeToString(rnd[:]))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	dir, err := runners.NewScratchDir(s.Workdir, "execs", safeName(e.ExecID))
+	if err != nil {
 		return "", nil, fmt.Errorf("payload: %w", err)
 	}
 	cleanup := func() { _ = os.RemoveAll(dir) }

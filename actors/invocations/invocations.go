@@ -15,13 +15,10 @@ package invocations
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -108,7 +105,7 @@ func (d *Deps) execute(ctx context.Context, r *messages.Run, tail *ledger.Tail) 
 		}
 		args = data
 	}
-	scratch, err := scratchDir(d.Workdir, r.InvocationID)
+	scratch, err := runners.NewScratchDir(d.Workdir, "runs", ChildName(r.InvocationID))
 	if err != nil {
 		return failed(r.InvocationID, err.Error())
 	}
@@ -184,17 +181,6 @@ func cancelled(id string, ctx context.Context) *messages.Ack {
 	}
 	return &messages.Ack{InvocationID: id, State: messages.StateKilled,
 		Error: &messages.AckError{Type: messages.ErrorTypeCancelled, Message: msg}}
-}
-
-func scratchDir(workdir, id string) (string, error) {
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	name := ChildName(id) + "-" + hex.EncodeToString(rnd[:])
-	dir := filepath.Join(workdir, "runs", name)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", fmt.Errorf("scratch dir: %w", err)
-	}
-	return dir, nil
 }
 
 func deref(s *string) string {

@@ -15,11 +15,8 @@ package setupqueue
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -237,10 +234,8 @@ func (d *Deps) run(ctx context.Context, it item, attempt uint64) bool {
 		name = *s.Name
 	}
 	log := d.Log.With().Str("command_id", it.commandID).Str("setup", name).Uint64("attempt", attempt).Logger()
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	scratch := filepath.Join(d.Workdir, "setups", "setup-"+hex.EncodeToString(rnd[:]))
-	if err := os.MkdirAll(scratch, 0o700); err != nil {
+	scratch, err := runners.NewScratchDir(d.Workdir, "setups", "setup")
+	if err != nil {
 		log.Error().Err(err).Msg("setup scratch dir")
 		return true
 	}
