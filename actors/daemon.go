@@ -38,6 +38,7 @@ import (
 
 	"nymph/actors/execs"
 	"nymph/actors/invocations"
+	"nymph/actors/jobparent"
 	"nymph/actors/ledger"
 	"nymph/actors/poller"
 	"nymph/actors/setupqueue"
@@ -234,18 +235,20 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 		FIFO: dm.fifo, Runner: d.Runners["process"], Workdir: s.Workdir, Reprobe: d.Reprobe, Sink: dm.state,
 		Log: d.Log.With().Str("actor", SetupName).Logger(), Jobs: d.Jobs, PropsOptions: o.propsOpts,
 	}
+	wiring := func(name string) jobparent.Wiring {
+		return jobparent.Wiring{Ledger: dm.ledger, Log: d.Log.With().Str("actor", name).Logger(), Jobs: d.Jobs,
+			PropsOptions: o.propsOpts, Finished: dm.system.NewLocalPID(RootName)}
+	}
 	dm.execDeps = &execs.Deps{
-		Ledger: dm.ledger,
+		Wiring: wiring(ExecsName),
 		Shell: &execs.Shell{Workdir: s.Workdir, KillGrace: s.KillGrace, Namespace: s.Namespace, BaseEnv: d.BaseEnv,
 			Server: d.Server, Log: d.Log.With().Str("actor", ExecsName).Logger()},
-		Results: d.Results, Log: d.Log.With().Str("actor", ExecsName).Logger(), Jobs: d.Jobs, PropsOptions: o.propsOpts,
-		Finished: dm.system.NewLocalPID(RootName),
+		Results: d.Results,
 	}
 	dm.invocationsDeps = &invocations.Deps{
-		Ledger: dm.ledger, Runners: d.Runners, DefaultRunner: s.DefaultRunner, Workdir: s.Workdir,
+		Wiring:  wiring(InvocationsName),
+		Runners: d.Runners, DefaultRunner: s.DefaultRunner, Workdir: s.Workdir,
 		Acks: d.Results, WorkerID: dm.state.WorkerID, Payloads: d.Server, Namespace: s.Namespace,
-		Log: d.Log.With().Str("actor", InvocationsName).Logger(), Jobs: d.Jobs, PropsOptions: o.propsOpts,
-		Finished: dm.system.NewLocalPID(RootName),
 	}
 	return dm, nil
 }

@@ -15,10 +15,8 @@ package execs
 
 import (
 	"context"
-	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/rs/zerolog"
 
 	"nymph/actors/jobparent"
 	"nymph/actors/ledger"
@@ -32,26 +30,15 @@ type Results interface {
 
 // Deps is what the execs actors share. It outlives every actor instance.
 type Deps struct {
-	Ledger  *ledger.Ledger
+	jobparent.Wiring
 	Shell   *Shell
 	Results Results
-	Log     zerolog.Logger
-	// Jobs counts exec goroutines still running, so the daemon can wait
-	// for every result before it exits.
-	Jobs *sync.WaitGroup
-	// PropsOptions are added to every actor this package spawns.
-	PropsOptions []actor.PropsOption
-	// Finished receives an ExecFinished for every reported exec: the
-	// daemon's root, which outlives every incarnation of the parent here
-	// (a respawned parent has a new name, so a notice sent to the old one
-	// would be lost) and passes the notice on to the current parent.
-	Finished *actor.PID
 }
 
 // Props returns the props of the execs parent.
 func Props(d *Deps) *actor.Props {
 	return jobparent.Props(&jobparent.Kind{
-		Ledger: d.Ledger, Kind: ledger.Exec, Noun: "exec", IDField: "exec_id",
+		Wiring: d.Wiring, Kind: ledger.Exec, Noun: "exec", IDField: "exec_id",
 		ChildName: ChildName,
 		Run: func(ctx context.Context, sys *actor.ActorSystem, e *ledger.Entry) {
 			var res *messages.ExecResult
@@ -66,7 +53,6 @@ func Props(d *Deps) *actor.Props {
 		Unstarted: func(sys *actor.ActorSystem, id, reason string) {
 			d.report(sys, id, &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason})
 		},
-		Jobs: d.Jobs, Log: d.Log, PropsOptions: d.PropsOptions,
 	})
 }
 

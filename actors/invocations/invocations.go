@@ -19,11 +19,9 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/rs/zerolog"
 
 	"nymph/actors/jobparent"
 	"nymph/actors/ledger"
@@ -39,7 +37,7 @@ type Acks interface {
 
 // Deps is what the invocations actors share. It outlives every instance.
 type Deps struct {
-	Ledger *ledger.Ledger
+	jobparent.Wiring
 	// Runners maps run_config.runner to its implementation.
 	Runners       map[string]runners.Runner
 	DefaultRunner string
@@ -49,20 +47,12 @@ type Deps struct {
 	WorkerID  func() string
 	Payloads  payload.Store
 	Namespace string
-	Log       zerolog.Logger
-	Jobs      *sync.WaitGroup
-	// PropsOptions are added to every actor this package spawns.
-	PropsOptions []actor.PropsOption
-	// Finished receives a RunFinished for every acked run: the daemon's
-	// root, which outlives every incarnation of the parent here and passes
-	// the notice on to the current one.
-	Finished *actor.PID
 }
 
 // Props returns the props of the invocations parent.
 func Props(d *Deps) *actor.Props {
 	return jobparent.Props(&jobparent.Kind{
-		Ledger: d.Ledger, Kind: ledger.Run, Noun: "invocation", IDField: "invocation_id",
+		Wiring: d.Wiring, Kind: ledger.Run, Noun: "invocation", IDField: "invocation_id",
 		ChildName: ChildName,
 		Run: func(ctx context.Context, sys *actor.ActorSystem, e *ledger.Entry) {
 			ack := failed(e.ID, "run body missing")
@@ -75,7 +65,6 @@ func Props(d *Deps) *actor.Props {
 			d.report(sys, &messages.Ack{InvocationID: id, State: messages.StateKilled,
 				Error: &messages.AckError{Type: messages.ErrorTypeCancelled, Message: reason}})
 		},
-		Jobs: d.Jobs, Log: d.Log, PropsOptions: d.PropsOptions,
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"nymph/actors/jobparent"
 	"nymph/actors/ledger"
 	"nymph/daemon/uplink"
 	"nymph/messages"
@@ -55,14 +56,12 @@ func newFixture(t *testing.T) *fixture {
 	}
 	f := &fixture{cp: cp, proc: &recorder{kind: "process"}, other: &recorder{kind: "python"}}
 	f.d = &Deps{
-		Ledger:        ledger.New(nil),
+		Wiring:        jobparent.Wiring{Ledger: ledger.New(nil), Log: zerolog.New(zerolog.NewTestWriter(t)), Jobs: &sync.WaitGroup{}},
 		Runners:       map[string]runners.Runner{"process": f.proc, "python": f.other, "echo": echo.New()},
 		DefaultRunner: "process",
 		Workdir:       t.TempDir(),
 		Payloads:      client,
 		Namespace:     "default",
-		Log:           zerolog.New(zerolog.NewTestWriter(t)),
-		Jobs:          &sync.WaitGroup{},
 	}
 	return f
 }

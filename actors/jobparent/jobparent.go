@@ -37,8 +37,8 @@ const ReasonCancelled = "cancelled"
 // parent's mailbox, Run and Unstarted on goroutines of their own
 // (reporting touches the disk).
 type Kind struct {
-	Ledger *ledger.Ledger
-	Kind   ledger.Kind
+	Wiring
+	Kind ledger.Kind
 	// Noun names a job in logs ("exec"), IDField its id ("exec_id").
 	Noun, IDField string
 	// ChildName is the actor name of a job's child.
@@ -49,11 +49,23 @@ type Kind struct {
 	Run func(ctx context.Context, sys *actor.ActorSystem, e *ledger.Entry)
 	// Unstarted reports a job that never ran; the parent has claimed it.
 	Unstarted func(sys *actor.ActorSystem, id, reason string)
-	// Jobs counts the goroutines running or reporting jobs.
+}
+
+// Wiring is what every job path (execs, invocations) is built with. It
+// outlives every actor instance.
+type Wiring struct {
+	Ledger *ledger.Ledger
+	Log    zerolog.Logger
+	// Jobs counts the goroutines running or reporting jobs, so the daemon
+	// can wait for every outcome before it exits.
 	Jobs *sync.WaitGroup
-	Log  zerolog.Logger
 	// PropsOptions are added to the parent and to every child.
 	PropsOptions []actor.PropsOption
+	// Finished receives the end of every reported job: the daemon's root,
+	// which outlives every incarnation of a parent (a respawned parent has
+	// a new name, so a notice sent to the old one would be lost) and passes
+	// the notice on to the current one.
+	Finished *actor.PID
 }
 
 // childStrategy restarts a crashed child; the restart ends its job, which
