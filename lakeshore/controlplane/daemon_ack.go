@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 	"nymph/messages"
 )
@@ -54,7 +55,7 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, _ daemonPrinc
 		result = nonNilBytes(ack.ResultBlob)
 	}
 	inv, applied, err := s.st.FinishInvocation(r.Context(), store.Finish{
-		ID: ack.InvocationID, State: ack.State, From: []string{store.InvocationRunning},
+		ID: ack.InvocationID, State: ack.State, From: []string{operatorapi.InvocationRunning},
 		Result: result, Error: errJSON, Now: s.now(),
 	})
 	if isNotFound(err) {

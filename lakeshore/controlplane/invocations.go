@@ -295,7 +295,7 @@ func nonNilArgs(args []byte, key string) []byte {
 // canTake mirrors the eligibility ClaimInvocations applies, for waking
 // parked polls and for telling the operator whether anyone will take it.
 func (s *Server) canTake(w store.Worker, queue, runner string, now time.Time) bool {
-	if s.derivedState(w, now) != store.StateActive || len(w.Capabilities.Runners) == 0 {
+	if s.derivedState(w, now) != operatorapi.StateActive || len(w.Capabilities.Runners) == 0 {
 		return false
 	}
 	if w.HibernatingUntil != nil && w.HibernatingUntil.After(now) {
@@ -395,7 +395,7 @@ func (s *Server) failLost(ctx context.Context, l store.LostInvocation) {
 	msg := lostMessage(l)
 	errJSON, _ := json.Marshal(messages.AckError{Type: operatorapi.ErrorTypeWorkerLost, Message: msg})
 	_, applied, err := s.st.FinishInvocation(ctx, store.Finish{
-		ID: l.ID, State: store.InvocationFailed, From: []string{store.InvocationRunning}, WorkerID: l.WorkerID,
+		ID: l.ID, State: operatorapi.InvocationFailed, From: []string{operatorapi.InvocationRunning}, WorkerID: l.WorkerID,
 		Error: errJSON, Now: s.now(),
 	})
 	if err != nil {
@@ -463,7 +463,7 @@ func invocationView(inv store.Invocation, withResult bool) operatorapi.Invocatio
 			v.Error = &e
 		}
 	}
-	if withResult && inv.State == store.InvocationSucceeded {
+	if withResult && inv.State == operatorapi.InvocationSucceeded {
 		v.Result = inv.Result
 		if v.Result == nil {
 			v.Result = []byte{}
@@ -533,8 +533,8 @@ func (s *Server) handleListInvocations(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := store.InvocationFilter{Namespace: ns, State: q.Get("state"), Queue: q.Get("queue"), Limit: operatorapi.DefaultListLimit}
 	switch f.State {
-	case "", store.InvocationQueued, store.InvocationRunning, store.InvocationSucceeded,
-		store.InvocationFailed, store.InvocationKilled, store.InvocationCancelled:
+	case "", operatorapi.InvocationQueued, operatorapi.InvocationRunning, operatorapi.InvocationSucceeded,
+		operatorapi.InvocationFailed, operatorapi.InvocationKilled, operatorapi.InvocationCancelled:
 	default:
 		writeOperatorError(w, badField(http.StatusBadRequest, "state", "must be one of queued, running, succeeded, failed, killed, cancelled"))
 		return
@@ -597,7 +597,7 @@ func (s *Server) handleCancelInvocation(w http.ResponseWriter, r *http.Request) 
 		writeJSON(w, http.StatusOK, operatorapi.CancelInvocationResponse{Invocation: invocationView(inv, true), Cancelled: true})
 		return
 	}
-	if inv.State != store.InvocationRunning {
+	if inv.State != operatorapi.InvocationRunning {
 		writeOperatorError(w, badField(http.StatusConflict, "inv_id", "invocation %s is already %s", id, inv.State))
 		return
 	}

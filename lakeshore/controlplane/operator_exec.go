@@ -176,7 +176,7 @@ func (s *Server) queueExec(w http.ResponseWriter, r *http.Request) (store.Worker
 func (s *Server) pickWorker(all []store.Worker, open map[string]int, queue string, now time.Time) (store.Worker, bool) {
 	var cands []store.Worker
 	for _, w := range all {
-		if s.derivedState(w, now) != store.StateActive {
+		if s.derivedState(w, now) != operatorapi.StateActive {
 			continue
 		}
 		if w.HibernatingUntil != nil && w.HibernatingUntil.After(now) {

@@ -63,7 +63,7 @@ func (s *Server) resolveWorker(r *http.Request) (store.Worker, error) {
 // derivedState is the stored state, or stale when the worker has not been
 // seen for the stale window (operatorapi.StaleAfter unless configured).
 func (s *Server) derivedState(w store.Worker, now time.Time) string {
-	if w.State != store.StateGone && now.Sub(w.LastSeenAt) > s.staleAfter {
+	if w.State != operatorapi.StateGone && now.Sub(w.LastSeenAt) > s.staleAfter {
 		return operatorapi.StateStale
 	}
 	return w.State
@@ -202,7 +202,7 @@ func (s *Server) handleCleanup(w http.ResponseWriter, r *http.Request) {
 	for _, id := range ids {
 		wk, ok := byID[id]
 		if !ok {
-			wk = store.Worker{ID: id, Namespace: ns, State: store.StateGone, Tags: []string{}, Queues: []string{},
+			wk = store.Worker{ID: id, Namespace: ns, State: operatorapi.StateGone, Tags: []string{}, Queues: []string{},
 				Capabilities: store.Capabilities{Runners: []string{}}}
 		}
 		out.Deleted = append(out.Deleted, s.workerView(wk, now))

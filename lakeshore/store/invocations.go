@@ -5,16 +5,9 @@ import (
 	"time"
 )
 
-// Invocation states. Queued waits for a daemon; running has been claimed by
-// one (its run command is in that worker's queue); the rest are terminal.
-const (
-	InvocationQueued    = "queued"
-	InvocationRunning   = "running"
-	InvocationSucceeded = "succeeded"
-	InvocationFailed    = "failed"
-	InvocationKilled    = "killed"
-	InvocationCancelled = "cancelled"
-)
+// Invocation states are operatorapi's Invocation*: queued waits for a
+// daemon; running has been claimed by one (its run command is in that
+// worker's queue); the rest are terminal.
 
 // KindRun is the command kind an invocation is delivered as.
 const KindRun = "run"

@@ -20,14 +20,8 @@ import (
 // ErrNotFound is returned (wrapped) when a worker, exec or token does not exist.
 var ErrNotFound = errors.New("store: not found")
 
-// Persisted worker states. "stale" is never stored: readers derive it.
-const (
-	StatePending   = "pending"
-	StateSettingUp = "setting_up"
-	StateJoining   = "joining"
-	StateActive    = "active"
-	StateGone      = "gone"
-)
+// Worker states are operatorapi's State* (all but StateStale, which
+// readers derive and nothing stores).
 
 // Exec states.
 const (

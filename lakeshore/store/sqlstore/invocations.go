@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 )
 
@@ -79,7 +80,7 @@ func (db *DB) CreateInvocation(ctx context.Context, n store.NewInvocation) (stor
 		n.ID, n.Namespace, n.Queue, n.Module, n.Qualname, n.Runner, string(n.RunConfig),
 		n.Args, n.ArgsKey, n.ArgsSize, strOrNil(n.Script), strOrNil(n.AsUser),
 		strOrNil(n.ParentInvocationID), strOrNil(n.RootInvocationID),
-		nonNilBytes(n.RunBody), store.InvocationQueued, ms(n.Now)))
+		nonNilBytes(n.RunBody), operatorapi.InvocationQueued, ms(n.Now)))
 	if err != nil {
 		return store.Invocation{}, fmt.Errorf("create invocation %s: %w", n.ID, err)
 	}
@@ -138,7 +139,7 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 	// transaction keeps them cheap.
 	var queued bool
 	err := db.reader().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE state = ? AND namespace =
-		(SELECT namespace FROM workers WHERE id = ?))`, store.InvocationQueued, c.WorkerID).Scan(&queued)
+		(SELECT namespace FROM workers WHERE id = ?))`, operatorapi.InvocationQueued, c.WorkerID).Scan(&queued)
 	if err != nil {
 		return nil, fmt.Errorf("claim invocations for %s: %w", c.WorkerID, err)
 	}
@@ -156,7 +157,7 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 		if err != nil {
 			return err
 		}
-		if w.State != store.StateActive || len(w.Capabilities.Runners) == 0 ||
+		if w.State != operatorapi.StateActive || len(w.Capabilities.Runners) == 0 ||
 			(w.HibernatingUntil != nil && w.HibernatingUntil.After(c.Now)) {
 			return nil
 		}
@@ -164,7 +165,7 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 		if max := int(w.Capabilities.MaxInvocations); max > 0 {
 			var running int
 			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM invocations WHERE worker_id = ? AND state = ?`,
-				w.ID, store.InvocationRunning).Scan(&running); err != nil {
+				w.ID, operatorapi.InvocationRunning).Scan(&running); err != nil {
 				return fmt.Errorf("count running: %w", err)
 			}
 			limit = min(limit, max-running)
@@ -189,7 +190,7 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 			// keeps a second claimer off the invocation regardless.
 			n, err := tx.affected(ctx, `UPDATE invocations SET state = ?, worker_id = ?, worker_label = ?, command_id = ?,
 				started_at = ?, missing_since = NULL WHERE id = ? AND state = ?`,
-				store.InvocationRunning, w.ID, w.Label, cmdID, ms(c.Now), id, store.InvocationQueued)
+				operatorapi.InvocationRunning, w.ID, w.Label, cmdID, ms(c.Now), id, operatorapi.InvocationQueued)
 			if err != nil {
 				return fmt.Errorf("claim %s: %w", id, err)
 			}
@@ -227,7 +228,7 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 func claimQuery(d *Dialect, w store.Worker, limit int) (string, []any) {
 	var b strings.Builder
 	b.WriteString(`SELECT id FROM invocations WHERE namespace = ? AND state = ?`)
-	args := []any{w.Namespace, store.InvocationQueued}
+	args := []any{w.Namespace, operatorapi.InvocationQueued}
 	pq := w.PollQueue
 	if pq == "" {
 		pq = "default"
@@ -313,7 +314,7 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 	if len(r.Statuses) == 0 {
 		var running bool
 		err := db.reader().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE worker_id = ? AND state = ?)`,
-			r.WorkerID, store.InvocationRunning).Scan(&running)
+			r.WorkerID, operatorapi.InvocationRunning).Scan(&running)
 		if err != nil {
 			return nil, fmt.Errorf("report running of %s: %w", r.WorkerID, err)
 		}
@@ -326,7 +327,7 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 		rows, err := tx.Query(ctx, `SELECT i.id, i.namespace, i.worker_label, i.missing_since,
 			(c.id IS NULL OR c.acked_at IS NOT NULL)
 			FROM invocations i LEFT JOIN commands c ON c.id = i.command_id
-			WHERE i.worker_id = ? AND i.state = ? ORDER BY i.id`+tx.d.forUpdateOf("i"), r.WorkerID, store.InvocationRunning)
+			WHERE i.worker_id = ? AND i.state = ? ORDER BY i.id`+tx.d.forUpdateOf("i"), r.WorkerID, operatorapi.InvocationRunning)
 		if err != nil {
 			return fmt.Errorf("read running: %w", err)
 		}
@@ -397,7 +398,7 @@ func (db *DB) LostInvocations(ctx context.Context, staleBefore time.Time) ([]sto
 		FROM invocations i LEFT JOIN workers w ON w.id = i.worker_id
 		WHERE i.state = ? AND (w.id IS NULL OR w.state = ? OR
 			(w.last_seen_at < ? AND (w.hibernating_until IS NULL OR w.hibernating_until < ?)))
-		ORDER BY i.created_at, i.id`, store.InvocationRunning, store.StateGone, ms(staleBefore), ms(staleBefore))
+		ORDER BY i.created_at, i.id`, operatorapi.InvocationRunning, operatorapi.StateGone, ms(staleBefore), ms(staleBefore))
 	if err != nil {
 		return nil, fmt.Errorf("find lost invocations: %w", err)
 	}
@@ -415,7 +416,7 @@ func (db *DB) LostInvocations(ctx context.Context, staleBefore time.Time) ([]sto
 		switch {
 		case removed:
 			l.Reason = store.LostRemoved
-		case state == store.StateGone:
+		case state == operatorapi.StateGone:
 			l.Reason = store.LostGone
 		default:
 			l.Reason = store.LostStale
@@ -443,8 +444,8 @@ func (db *DB) CancelInvocation(ctx context.Context, namespace, id string, errJSO
 		}
 		out = cur
 		switch cur.State {
-		case store.InvocationQueued:
-		case store.InvocationRunning:
+		case operatorapi.InvocationQueued:
+		case operatorapi.InvocationRunning:
 			withdrawn, err := withdrawRun(ctx, tx, cur.CommandID)
 			if err != nil || !withdrawn {
 				return err
@@ -453,7 +454,7 @@ func (db *DB) CancelInvocation(ctx context.Context, namespace, id string, errJSO
 			return nil
 		}
 		if _, err := tx.Exec(ctx, `UPDATE invocations SET state = ?, error = ?, finished_at = ?, missing_since = NULL WHERE id = ?`,
-			store.InvocationCancelled, errText, ms(now), id); err != nil {
+			operatorapi.InvocationCancelled, errText, ms(now), id); err != nil {
 			return fmt.Errorf("cancel: %w", err)
 		}
 		cancelled = true

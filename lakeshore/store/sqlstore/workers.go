@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 )
 
@@ -153,7 +154,7 @@ func (db *DB) Hello(ctx context.Context, h store.Hello) (store.Worker, bool, err
 		n, err := tx.affected(ctx, `INSERT INTO workers (id, namespace, machine_id, hello_label, label, state, tags, queues,
 			capabilities, versions, created_at, last_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (namespace, machine_id, hello_label) DO NOTHING`,
-			h.NewID, h.Namespace, h.MachineID, h.Label, label, store.StateActive, tags, queues, capsJSON, versions, ms(h.Now), ms(h.Now))
+			h.NewID, h.Namespace, h.MachineID, h.Label, label, operatorapi.StateActive, tags, queues, capsJSON, versions, ms(h.Now), ms(h.Now))
 		if err != nil {
 			return fmt.Errorf("insert worker: %w", err)
 		}

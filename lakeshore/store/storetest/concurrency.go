@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 )
 
@@ -170,7 +171,7 @@ func testConcurrentClaimsTakeEachInvocationOnce(t *testing.T, e *env) {
 	}
 	for id, wid := range claimed {
 		inv, err := stores[0].Invocation(bg, "", id)
-		if err != nil || inv.State != store.InvocationRunning || inv.WorkerID != wid {
+		if err != nil || inv.State != operatorapi.InvocationRunning || inv.WorkerID != wid {
 			t.Fatalf("%s claimed by %s reads %+v %v", id, wid, inv, err)
 		}
 	}
@@ -320,13 +321,13 @@ func testCancelRacingDelivery(t *testing.T, e *env) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := map[bool]string{true: store.InvocationCancelled, false: store.InvocationRunning}[cancelled]; inv.State != want {
+		if want := map[bool]string{true: operatorapi.InvocationCancelled, false: operatorapi.InvocationRunning}[cancelled]; inv.State != want {
 			t.Fatalf("round %d: %s, want %s", r, inv.State, want)
 		}
 		if cancelled {
 			cancelledN++
-		} else if _, applied, err := stores[0].FinishInvocation(bg, store.Finish{ID: id, State: store.InvocationSucceeded,
-			From: []string{store.InvocationRunning}, Now: t0}); err != nil || !applied {
+		} else if _, applied, err := stores[0].FinishInvocation(bg, store.Finish{ID: id, State: operatorapi.InvocationSucceeded,
+			From: []string{operatorapi.InvocationRunning}, Now: t0}); err != nil || !applied {
 			t.Fatalf("round %d: finish: %v %v", r, applied, err)
 		}
 	}

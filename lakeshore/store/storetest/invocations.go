@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 )
 
@@ -35,7 +36,7 @@ func testInvocationClaimCancelFinishAndReopen(t *testing.T, e *env) {
 	newInvocation(t, db, "i2", "b", "", t0.Add(time.Second))
 	newInvocation(t, db, "i3", "a-2", "docker", t0.Add(2*time.Second))
 	newInvocation(t, db, "i4", "a-3", "", t0.Add(3*time.Second))
-	if inv, err := db.Invocation(bg, "default", "i1"); err != nil || inv.State != store.InvocationQueued ||
+	if inv, err := db.Invocation(bg, "default", "i1"); err != nil || inv.State != operatorapi.InvocationQueued ||
 		!bytes.Equal(inv.Args, []byte{1}) || string(inv.RunConfig) != "{}" || inv.Script != nil || !inv.CreatedAt.Equal(t0) {
 		t.Fatalf("created %+v %v", inv, err)
 	}
@@ -45,7 +46,7 @@ func testInvocationClaimCancelFinishAndReopen(t *testing.T, e *env) {
 
 	claim := claimer(t, db, w.ID, "c", t0)
 	got := claim(10)
-	if len(got) != 2 || got[0].ID != "i1" || got[1].ID != "i4" || got[0].State != store.InvocationRunning || got[0].WorkerID != w.ID ||
+	if len(got) != 2 || got[0].ID != "i1" || got[1].ID != "i4" || got[0].State != operatorapi.InvocationRunning || got[0].WorkerID != w.ID ||
 		got[0].CommandID != "c1" || got[0].WorkerLabel != "l" || got[0].StartedAt == nil {
 		t.Fatalf("claimed %+v", got)
 	}
@@ -62,7 +63,7 @@ func testInvocationClaimCancelFinishAndReopen(t *testing.T, e *env) {
 
 	// i4's command is not delivered yet: cancelling withdraws it.
 	inv, cancelled, err := db.CancelInvocation(bg, "default", "i4", []byte(`{"type":"Cancelled","message":"m"}`), t0)
-	if err != nil || !cancelled || inv.State != store.InvocationCancelled || string(inv.Error) != `{"type":"Cancelled","message":"m"}` || inv.FinishedAt == nil {
+	if err != nil || !cancelled || inv.State != operatorapi.InvocationCancelled || string(inv.Error) != `{"type":"Cancelled","message":"m"}` || inv.FinishedAt == nil {
 		t.Fatalf("cancel undelivered: %+v %v %v", inv, cancelled, err)
 	}
 	took, err := db.Take(bg, w.ID, 0, 10, false, t0)
@@ -70,17 +71,17 @@ func testInvocationClaimCancelFinishAndReopen(t *testing.T, e *env) {
 		t.Fatalf("take after the withdrawal: %+v %v", took, err)
 	}
 	// i1's is delivered: cancelling it is the daemon's job now.
-	if inv, cancelled, err := db.CancelInvocation(bg, "default", "i1", nil, t0); err != nil || cancelled || inv.State != store.InvocationRunning {
+	if inv, cancelled, err := db.CancelInvocation(bg, "default", "i1", nil, t0); err != nil || cancelled || inv.State != operatorapi.InvocationRunning {
 		t.Fatalf("cancel delivered: %+v %v %v", inv, cancelled, err)
 	}
 	if _, _, err := db.CancelInvocation(bg, "other", "i1", nil, t0); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("cancel in another namespace: %v", err)
 	}
 	// A queued invocation cancels outright; a finished one stays as it is.
-	if inv, cancelled, err := db.CancelInvocation(bg, "default", "i2", nil, t0); err != nil || !cancelled || inv.State != store.InvocationCancelled || inv.Error != nil {
+	if inv, cancelled, err := db.CancelInvocation(bg, "default", "i2", nil, t0); err != nil || !cancelled || inv.State != operatorapi.InvocationCancelled || inv.Error != nil {
 		t.Fatalf("cancel queued: %+v %v %v", inv, cancelled, err)
 	}
-	if inv, cancelled, err := db.CancelInvocation(bg, "default", "i2", nil, t0); err != nil || cancelled || inv.State != store.InvocationCancelled {
+	if inv, cancelled, err := db.CancelInvocation(bg, "default", "i2", nil, t0); err != nil || cancelled || inv.State != operatorapi.InvocationCancelled {
 		t.Fatalf("cancel twice: %+v %v %v", inv, cancelled, err)
 	}
 
@@ -90,23 +91,23 @@ func testInvocationClaimCancelFinishAndReopen(t *testing.T, e *env) {
 	if err != nil || len(lost) != 1 || lost[0].ID != "i1" || lost[0].Reason != store.LostStale || lost[0].WorkerLabel != "l" || lost[0].WorkerID != w.ID {
 		t.Fatalf("lost %+v %v", lost, err)
 	}
-	if _, applied, err := db.FinishInvocation(bg, store.Finish{ID: "i1", State: store.InvocationFailed, From: []string{store.InvocationRunning}, WorkerID: "w2", Now: t0}); err != nil || applied {
+	if _, applied, err := db.FinishInvocation(bg, store.Finish{ID: "i1", State: operatorapi.InvocationFailed, From: []string{operatorapi.InvocationRunning}, WorkerID: "w2", Now: t0}); err != nil || applied {
 		t.Fatalf("finish from another worker: %v %v", applied, err)
 	}
-	inv, applied, err := db.FinishInvocation(bg, store.Finish{ID: "i1", State: store.InvocationSucceeded, From: []string{store.InvocationRunning},
+	inv, applied, err := db.FinishInvocation(bg, store.Finish{ID: "i1", State: operatorapi.InvocationSucceeded, From: []string{operatorapi.InvocationRunning},
 		WorkerID: w.ID, Result: []byte("r"), Now: t0.Add(time.Second)})
 	if err != nil || !applied || string(inv.Result) != "r" || inv.ResultSize != 1 || inv.FinishedAt == nil || !inv.FinishedAt.Equal(t0.Add(time.Second)) {
 		t.Fatalf("finish: %+v %v %v", inv, applied, err)
 	}
-	if _, applied, _ := db.FinishInvocation(bg, store.Finish{ID: "i1", State: store.InvocationFailed, From: []string{store.InvocationRunning}, Now: t0}); applied {
+	if _, applied, _ := db.FinishInvocation(bg, store.Finish{ID: "i1", State: operatorapi.InvocationFailed, From: []string{operatorapi.InvocationRunning}, Now: t0}); applied {
 		t.Fatal("a second finish applied")
 	}
-	if _, _, err := db.FinishInvocation(bg, store.Finish{ID: "nope", State: store.InvocationFailed, From: []string{store.InvocationRunning}, Now: t0}); !errors.Is(err, store.ErrNotFound) {
+	if _, _, err := db.FinishInvocation(bg, store.Finish{ID: "nope", State: operatorapi.InvocationFailed, From: []string{operatorapi.InvocationRunning}, Now: t0}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("finish unknown: %v", err)
 	}
 	// Finishing a queued invocation (a submit-side failure) is allowed
 	// when the caller says so.
-	if inv, applied, err := db.FinishInvocation(bg, store.Finish{ID: "i3", State: store.InvocationFailed, From: []string{store.InvocationQueued},
+	if inv, applied, err := db.FinishInvocation(bg, store.Finish{ID: "i3", State: operatorapi.InvocationFailed, From: []string{operatorapi.InvocationQueued},
 		Error: []byte(`{"type":"E"}`), Now: t0}); err != nil || !applied || string(inv.Error) != `{"type":"E"}` || inv.Result != nil {
 		t.Fatalf("finish queued: %+v %v %v", inv, applied, err)
 	}
@@ -116,7 +117,7 @@ func testInvocationClaimCancelFinishAndReopen(t *testing.T, e *env) {
 	if err != nil || len(all) != 4 || all[0].ID != "i4" || all[3].ID != "i1" || all[3].Result != nil || all[3].ResultSize != 1 || all[3].Args != nil {
 		t.Fatalf("after reopening: %+v %v", all, err)
 	}
-	cancelledInB, _ := db.ListInvocations(bg, store.InvocationFilter{Namespace: "default", State: store.InvocationCancelled, Queue: "b"})
+	cancelledInB, _ := db.ListInvocations(bg, store.InvocationFilter{Namespace: "default", State: operatorapi.InvocationCancelled, Queue: "b"})
 	if len(cancelledInB) != 1 || cancelledInB[0].ID != "i2" {
 		t.Fatalf("cancelled in b: %+v", cancelledInB)
 	}
@@ -171,7 +172,7 @@ func testClaimRespectsCapacityRunnersAndState(t *testing.T, e *env) {
 			t.Fatal(err)
 		}
 	}
-	if wk, err := db.RecordPoll(bg, store.Poll{WorkerID: w.ID, Now: until}); err != nil || wk.State != store.StateActive {
+	if wk, err := db.RecordPoll(bg, store.Poll{WorkerID: w.ID, Now: until}); err != nil || wk.State != operatorapi.StateActive {
 		t.Fatalf("after the setup: %+v %v", wk, err)
 	}
 	// Active, max_invocations 2: the two oldest it can run (not docker).
@@ -182,7 +183,7 @@ func testClaimRespectsCapacityRunnersAndState(t *testing.T, e *env) {
 	if more := claimer(t, db, w.ID, "d", until)(10); len(more) != 0 {
 		t.Fatalf("claimed beyond capacity: %+v", more)
 	}
-	if _, applied, err := db.FinishInvocation(bg, store.Finish{ID: "i0", State: store.InvocationSucceeded, From: []string{store.InvocationRunning}, Now: until}); err != nil || !applied {
+	if _, applied, err := db.FinishInvocation(bg, store.Finish{ID: "i0", State: operatorapi.InvocationSucceeded, From: []string{operatorapi.InvocationRunning}, Now: until}); err != nil || !applied {
 		t.Fatalf("finish: %v %v", applied, err)
 	}
 	if more := claimer(t, db, w.ID, "e", until)(10); len(more) != 1 || more[0].ID != "i3" {

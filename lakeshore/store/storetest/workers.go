@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 )
 
@@ -35,7 +36,7 @@ func testHelloIsIdempotentPerIdentity(t *testing.T, e *env) {
 	if _, err := db.Worker(bg, "other", a.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("worker in another namespace: %v", err)
 	}
-	if w, err := db.Worker(bg, "", a.ID); err != nil || w.Namespace != "default" || w.State != store.StateActive {
+	if w, err := db.Worker(bg, "", a.ID); err != nil || w.Namespace != "default" || w.State != operatorapi.StateActive {
 		t.Fatalf("worker in any namespace: %+v %v", w, err)
 	}
 	if other, err := db.ListWorkers(bg, "other"); err != nil || other == nil || len(other) != 0 {
@@ -143,21 +144,21 @@ func testSetupStateFollowsQueue(t *testing.T, e *env) {
 	db := e.store(t)
 	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
 	enqueue(t, db, w.ID, "s1", "setup")
-	if w, _ = db.Worker(bg, "", w.ID); w.State != store.StateSettingUp || w.SetupPending != 1 {
+	if w, _ = db.Worker(bg, "", w.ID); w.State != operatorapi.StateSettingUp || w.SetupPending != 1 {
 		t.Fatalf("after setup: %s pending=%d", w.State, w.SetupPending)
 	}
 	// A re-hello while the setup is pending keeps the worker setting up.
-	if again := hello(t, db, "x", "m1", "gpu"); again.State != store.StateSettingUp {
+	if again := hello(t, db, "x", "m1", "gpu"); again.State != operatorapi.StateSettingUp {
 		t.Fatalf("re-hello during setup: %s", again.State)
 	}
 	_, _ = db.Take(bg, w.ID, 0, 100, false, t0)
 	w, _ = db.RecordPoll(bg, store.Poll{WorkerID: w.ID, Cursor: ptr(int64(0)), Now: t0})
-	if w.State != store.StateSettingUp {
+	if w.State != operatorapi.StateSettingUp {
 		t.Fatalf("delivered but unacknowledged setup: %s", w.State)
 	}
 	caps := store.Capabilities{Runners: []string{"process", "docker"}}
 	w, _ = db.RecordPoll(bg, store.Poll{WorkerID: w.ID, Cursor: ptr(int64(1)), UpdatedCapabilities: &caps, Now: t0})
-	if w.State != store.StateActive || w.SetupPending != 0 {
+	if w.State != operatorapi.StateActive || w.SetupPending != 0 {
 		t.Fatalf("after ack: %s pending=%d", w.State, w.SetupPending)
 	}
 	if !equal(w.Capabilities.Runners, []string{"process", "docker"}) {
