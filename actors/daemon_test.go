@@ -289,14 +289,7 @@ func TestPollErrorsBackOffWithJitter(t *testing.T) {
 	if err := h.d.Start(); err != nil {
 		t.Fatal(err)
 	}
-	h.cp.Wait(10*time.Second, "a successful poll", func() bool {
-		for _, r := range h.cp.Requests() {
-			if r.Route == fakecp.RoutePoll && r.Status == 200 {
-				return true
-			}
-		}
-		return false
-	})
+	h.waitPollAnswered(200)
 	ms := time.Millisecond
 	// backoff 10, 20, 40, 40 ms (max 40) plus 0.5·min(backoff, 5 s)
 	want := []time.Duration{15 * ms, 30 * ms, 60 * ms, 60 * ms}
@@ -336,7 +329,10 @@ func TestResetBackoffCommand(t *testing.T) {
 	h.cp.QueueKind(messages.KindResetBackoff, nil)
 	h.exec("e", "true")
 	h.cp.WaitResult("e", 10*time.Second)
+	// A poll already held by the fake has taken its fault check; queueing
+	// e2 now would let that poll deliver it before the fault is ever hit.
 	h.cp.Fail(fakecp.RoutePoll, 1, 500)
+	h.waitPollAnswered(500)
 	h.exec("e2", "true")
 	h.cp.WaitResult("e2", 10*time.Second)
 	if d := h.d.PollerState().Delays(); len(d) != 1 || d[0] != 10*time.Millisecond {

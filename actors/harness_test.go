@@ -144,6 +144,19 @@ func (h *harness) waitPolls(n int) {
 	h.cp.Wait(10*time.Second, strconv.Itoa(n)+" polls", func() bool { return len(h.cp.Polls()) >= n })
 }
 
+// waitPollAnswered waits for a poll the fake answered with status.
+func (h *harness) waitPollAnswered(status int) {
+	h.t.Helper()
+	h.cp.Wait(10*time.Second, "a poll answered "+strconv.Itoa(status), func() bool {
+		for _, r := range h.cp.Requests() {
+			if r.Route == fakecp.RoutePoll && r.Status == status {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 func (h *harness) exec(id, command string, mod ...func(*messages.Exec)) string {
 	e := messages.Exec{ExecID: id, Command: command, Env: map[string]string{}}
 	for _, m := range mod {
