@@ -15,8 +15,10 @@ import (
 
 	"nymph/actors"
 	"nymph/actors/poller"
+	"nymph/daemon/orphans"
 	"nymph/messages"
 	"nymph/test/fakecp"
+	"nymph/test/wait"
 )
 
 func TestHelloAndFirstPollWire(t *testing.T) {
@@ -194,7 +196,7 @@ func TestCancelExecAndRun(t *testing.T) {
 	h.exec("long", "echo started; sleep 30")
 	h.cp.QueueRun(messages.Run{InvocationID: "inv-long", Function: messages.FunctionRef{Module: "m", Qualname: "f"},
 		Script: ptr("sleep 30")})
-	eventually(t, 10*time.Second, "both running", func() bool {
+	wait.For(t, 10*time.Second, "both running", func() bool {
 		return h.d.Ledger().Active() == 2 && len(h.d.Ledger().Running()) == 1
 	})
 	h.cp.QueueKind(messages.KindCancel, &messages.Cancel{ExecID: ptr("long")})
@@ -399,7 +401,7 @@ func TestMaxInvocationsNoFreePermitNoPoll(t *testing.T) {
 	h.waitPolls(1)
 	h.exec("p1", "sleep 0.5")
 	h.exec("p2", "true")
-	eventually(t, 10*time.Second, "p1 running", func() bool { return h.d.Ledger().Active() == 1 })
+	wait.For(t, 10*time.Second, "p1 running", func() bool { return h.d.Ledger().Active() == 1 })
 	busyFrom := time.Now()
 	h.cp.WaitResult("p1", 10*time.Second)
 	busyTo := time.Now().Add(-100 * time.Millisecond)
@@ -455,7 +457,7 @@ func TestSetupFIFOSudoAndRefreshCapabilities(t *testing.T) {
 		}
 		h.cp.QueueSetup(s)
 	}
-	eventually(t, 10*time.Second, "setups done", func() bool { return h.d.SetupQueue().Idle() && h.d.SetupQueue().LastActivity().After(time.Time{}) })
+	wait.For(t, 10*time.Second, "setups done", func() bool { return h.d.SetupQueue().Idle() && h.d.SetupQueue().LastActivity().After(time.Time{}) })
 	b, _ := os.ReadFile(out)
 	if string(b) != "one\n0\nthree\n" {
 		t.Fatalf("order %q", b)
@@ -492,7 +494,10 @@ func TestShutdownGraceThenKill(t *testing.T) {
 	h.exec("short", "sleep 0.3; echo finished", withEnv(k, v))
 	h.exec("long", "sleep 30", withEnv(k, v))
 	h.cp.QueueRun(messages.Run{InvocationID: "run-long", Script: ptr("sleep 30"), RunConfig: messages.RunConfig{Env: map[string]string{k: v}}})
-	eventually(t, 10*time.Second, "3 jobs running", func() bool { return len(liveWithEnv(mark)) >= 3 })
+	wait.For(t, 10*time.Second, "3 jobs running", func() bool {
+		pids, err := orphans.WithEnv("/proc", mark)
+		return err == nil && len(pids) >= 3
+	})
 	start := time.Now()
 	h.d.Shutdown(800 * time.Millisecond)
 	if err := h.wait(20 * time.Second); err != nil {
@@ -514,7 +519,10 @@ func TestShutdownGraceThenKill(t *testing.T) {
 	if a.State != "killed" || a.Error == nil || a.Error.Type != "Cancelled" || a.Error.Message != "daemon shutdown grace expired" {
 		t.Fatalf("ack %+v %+v", a, a.Error)
 	}
-	eventually(t, 5*time.Second, "no process left", func() bool { return len(liveWithEnv(mark)) == 0 })
+	wait.For(t, 5*time.Second, "no process left", func() bool {
+		pids, err := orphans.WithEnv("/proc", mark)
+		return err == nil && len(pids) == 0
+	})
 	polls := len(h.cp.Polls())
 	if got := len(h.cp.Polls()); got != polls {
 		t.Fatal("still polling after shutdown")
@@ -525,7 +533,7 @@ func TestStopNowSkipsTheGrace(t *testing.T) {
 	h := newHarness(t, setup{})
 	h.waitPolls(1)
 	h.exec("long", "sleep 30")
-	eventually(t, 10*time.Second, "running", func() bool { return h.d.Ledger().Active() == 1 })
+	wait.For(t, 10*time.Second, "running", func() bool { return h.d.Ledger().Active() == 1 })
 	h.d.Shutdown(time.Hour)
 	h.d.StopNow()
 	if err := h.wait(10 * time.Second); err != nil {
@@ -572,7 +580,7 @@ func TestStaleTerminatedKeepsTheLiveChild(t *testing.T) {
 	h.d.System().Root.Send(h.d.PID(), &actor.Terminated{Who: live})
 	out := filepath.Join(h.workdir, "ran")
 	h.cp.QueueSetup(messages.Setup{Script: "echo yes > " + out, Name: ptr("after")})
-	eventually(t, 15*time.Second, "the setup ran", func() bool {
+	wait.For(t, 15*time.Second, "the setup ran", func() bool {
 		b, _ := os.ReadFile(out)
 		return string(b) == "yes\n"
 	})
