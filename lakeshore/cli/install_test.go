@@ -35,14 +35,7 @@ func newInstallCP(t *testing.T) *installCP {
 	t.Helper()
 	f := &installCP{}
 	mux := http.NewServeMux()
-	mux.HandleFunc(operatorapi.RouteCreateToken, func(w http.ResponseWriter, r *http.Request) {
-		var req operatorapi.TokenRequest
-		_ = json.NewDecoder(r.Body).Decode(&req)
-		f.mu.Lock()
-		f.tokens = append(f.tokens, req)
-		f.mu.Unlock()
-		reply(w, 201, operatorapi.TokenResponse{Token: "dlt_minted", Kind: req.Kind})
-	})
+	mux.HandleFunc(operatorapi.RouteCreateToken, mintToken(&f.mu, &f.tokens))
 	mux.HandleFunc(operatorapi.RouteListWorkers, func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
