@@ -401,7 +401,8 @@ func TestMaxInvocationsNoFreePermitNoPoll(t *testing.T) {
 	h.waitPolls(1)
 	h.exec("p1", "sleep 0.5")
 	h.exec("p2", "true")
-	wait.For(t, 10*time.Second, "p1 running", func() bool { return h.d.Ledger().Active() == 1 })
+	// The fake re-checks every 50 ms: busyFrom stays close to p1's start.
+	h.cp.Wait(10*time.Second, "p1 running", func() bool { return h.d.Ledger().Active() == 1 })
 	busyFrom := time.Now()
 	h.cp.WaitResult("p1", 10*time.Second)
 	busyTo := time.Now().Add(-100 * time.Millisecond)
