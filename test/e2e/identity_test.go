@@ -714,12 +714,7 @@ func TestIdentityRevocation(t *testing.T) {
 	}
 	// The refused daemon says hello again and, refused there too, exits
 	// with the reason rather than polling forever.
-	select {
-	case <-d.Done():
-	case <-time.After(60 * time.Second):
-		t.Fatal("the revoked daemon is still running")
-	}
-	if code := d.ExitCode(); code != 3 || !strings.Contains(d.Log(), "enroll_token") {
+	if code := waitExit(t, d, 60*time.Second); code != 3 || !strings.Contains(d.Log(), "enroll_token") {
 		t.Fatalf("revoked daemon exit code %d, log:\n%s", code, d.Log())
 	}
 

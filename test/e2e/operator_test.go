@@ -329,12 +329,7 @@ func TestLocalStatusStopAndCompletion(t *testing.T) {
 	}
 	// Stop only our own daemon: other tests' daemons run on this machine too.
 	expectCode(t, cp.CLI(t, "daemon", "stop", "--timeout", "30", fmt.Sprint(d.PID())), 0)
-	select {
-	case <-d.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("nymph still running after daemon stop")
-	}
-	if code := d.ExitCode(); code != 0 {
+	if code := waitExit(t, d, 30*time.Second); code != 0 {
 		t.Fatalf("nymph exit code after SIGTERM: %d\n%s", code, d.Log())
 	}
 

@@ -371,12 +371,7 @@ func TestRunSIGTERMCancels(t *testing.T) {
 	}
 
 	d.Signal(syscall.SIGTERM)
-	select {
-	case <-d.Done():
-	case <-time.After(60 * time.Second):
-		t.Fatalf("nymph did not exit after SIGTERM:\n%s", d.Log())
-	}
-	if code := d.ExitCode(); code != 0 {
+	if code := waitExit(t, d, 60*time.Second); code != 0 {
 		t.Fatalf("nymph exit %d", code)
 	}
 	for _, id := range []string{procID, dockID} {
