@@ -320,14 +320,20 @@ type runOpts struct {
 	stdout    io.Writer // extra sink, e.g. to cancel on first output
 }
 
-// run drives cli.Main in-process against f.
-func (f *fakeCP) run(t *testing.T, o runOpts, args ...string) result {
-	t.Helper()
-	env := map[string]string{
-		cli.EnvURL:         f.url,
+// adminEnv points the CLI at url with the admin token and a credentials
+// file of its own.
+func adminEnv(t *testing.T, url string) map[string]string {
+	return map[string]string{
+		cli.EnvURL:         url,
 		cli.EnvAdminToken:  adminToken,
 		cli.EnvCredentials: filepath.Join(t.TempDir(), "credentials.json"),
 	}
+}
+
+// run drives cli.Main in-process against f.
+func (f *fakeCP) run(t *testing.T, o runOpts, args ...string) result {
+	t.Helper()
+	env := adminEnv(t, f.url)
 	for k, v := range o.env {
 		env[k] = v
 	}

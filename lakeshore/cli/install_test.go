@@ -151,12 +151,7 @@ func main() {
 
 func (f *installCP) run(t *testing.T, o runOpts, args ...string) result {
 	t.Helper()
-	env := map[string]string{
-		cli.EnvURL:         f.url,
-		cli.EnvAdminToken:  adminToken,
-		cli.EnvCredentials: filepath.Join(t.TempDir(), "credentials.json"),
-	}
-	return runCLI(t, o, env, args...)
+	return runCLI(t, o, adminEnv(t, f.url), args...)
 }
 
 // TestInstall drives `daemon install` against a stand-in host; the

@@ -218,6 +218,14 @@ func stopDaemon(t *testing.T, d *harness.Daemon) {
 	}
 }
 
+// stillWorksThenStop runs a plain exec on the daemon labelled label, then
+// stops it cleanly.
+func stillWorksThenStop(t *testing.T, cp *harness.ControlPlane, d *harness.Daemon, label string) {
+	t.Helper()
+	expectCode(t, cp.CLI(t, "daemon", "exec", label, "true"), 0)
+	stopDaemon(t, d)
+}
+
 func showKeys(t *testing.T, cp *harness.ControlPlane, label string) []operatorapi.KeyInfo {
 	t.Helper()
 	return mustJSON[operatorapi.Worker](t, cp.CLI(t, "daemon", "show", label, "--json")).Keys
@@ -511,8 +519,7 @@ func TestIdentitySignedPollingAndTampering(t *testing.T) {
 			t.Fatalf("control plane log has no %s:\n%s", reason, cp.Log())
 		}
 	}
-	expectCode(t, cp.CLI(t, "daemon", "exec", "signer", "true"), 0)
-	stopDaemon(t, w)
+	stillWorksThenStop(t, cp, w, "signer")
 }
 
 // TestIdentityRotationWhileExecsRun: a rotation in the middle of running
@@ -667,8 +674,7 @@ func TestIdentityRotationKeysCallFails(t *testing.T) {
 			t.Fatalf("keys %+v: want %s current and the old one revoked", keys, next.ID())
 		}
 	}
-	expectCode(t, cp.CLI(t, "daemon", "exec", "stuck", "true"), 0)
-	stopDaemon(t, d)
+	stillWorksThenStop(t, cp, d, "stuck")
 }
 
 // TestIdentityRevocation: after revoke-key the daemon's next poll is
