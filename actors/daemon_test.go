@@ -219,7 +219,28 @@ func TestRunAcks(t *testing.T) {
 	h.cp.QueueRun(messages.Run{InvocationID: "bad-kind", RunConfig: messages.RunConfig{Runner: ptr("teleport")}})
 	h.cp.QueueRun(messages.Run{InvocationID: "default", Script: ptr(`printf done > "$NYMPH_RESULT_PATH"`)})
 	h.cp.QueueRun(messages.Run{InvocationID: "fails", Script: ptr("exit 3")})
-	h.cp.QueueRun(messages.Run{InvocationID: "tail", Script: ptr("echo tail-line; sleep 1")})
+	// tail runs until the test has seen a poll list it with its stdout
+	// tail: a fixed sleep could end before any poll went out (the wake
+	// polls after the other four can precede its echo, the next is held
+	// for wait_max_s).
+	gate := filepath.Join(h.workdir, "tail-gate")
+	h.cp.QueueRun(messages.Run{InvocationID: "tail", Script: ptr("echo tail-line; while [ ! -e " + gate + " ]; do sleep 0.02; done")})
+	listed := h.cp.WaitUntil(15*time.Second, func() bool {
+		for _, p := range h.cp.Polls() {
+			for _, inv := range p.Invocations {
+				if inv.InvocationID == "tail" && inv.State == "running" && strings.Contains(inv.StdoutTail, "tail-line") && inv.StartedAt > 0 {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	if !listed {
+		t.Error("no poll listed the running invocation with its stdout tail")
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	h.cp.Wait(15*time.Second, "5 acks", func() bool { return len(h.cp.Acks()) == 5 })
 	acks := map[string]messages.Ack{}
 	for _, a := range h.cp.Acks() {
@@ -239,18 +260,6 @@ func TestRunAcks(t *testing.T) {
 	}
 	if a := acks["fails"]; a.State != "failed" || a.Error == nil || len(a.ResultBlob) != 0 {
 		t.Errorf("fails: %+v", a)
-	}
-	// While "tail" ran, some poll listed it with its stdout tail.
-	seen := false
-	for _, p := range h.cp.Polls() {
-		for _, inv := range p.Invocations {
-			if inv.InvocationID == "tail" && inv.State == "running" && strings.Contains(inv.StdoutTail, "tail-line") && inv.StartedAt > 0 {
-				seen = true
-			}
-		}
-	}
-	if !seen {
-		t.Error("no poll listed the running invocation with its stdout tail")
 	}
 }
 
