@@ -19,7 +19,9 @@ import (
 	"nymph/actors/execs"
 	"nymph/actors/invocations"
 	"nymph/actors/ledger"
+	"nymph/daemon/orphans"
 	"nymph/messages"
+	"nymph/test/wait"
 )
 
 // poison makes any actor of the tree panic: the chaos middleware below is
@@ -176,7 +178,7 @@ func TestChaos(t *testing.T) {
 	h.cp.Wait(45*time.Second, "every exec and run reported", func() bool {
 		return len(h.cp.Results()) >= nExecs+4 && len(h.cp.Acks()) >= nRuns
 	})
-	eventually(t, 30*time.Second, "setup queue drained", func() bool { return h.d.SetupQueue().Idle() })
+	wait.For(t, 30*time.Second, "setup queue drained", func() bool { return h.d.SetupQueue().Idle() })
 	close(stopChaos)
 	<-chaosDone
 	t.Logf("chaos: %d crashes, %d stops", crashes.Load(), stops.Load())
@@ -251,8 +253,11 @@ func TestChaos(t *testing.T) {
 	}
 
 	// No process or process group left, no goroutine leaked.
-	eventually(t, 10*time.Second, "no marked process alive", func() bool { return len(liveWithEnv(mark)) == 0 })
-	eventually(t, 10*time.Second, "no child process alive", func() bool { return len(children()) == 0 })
+	wait.For(t, 10*time.Second, "no marked process alive", func() bool {
+		pids, err := orphans.WithEnv("/proc", mark)
+		return err == nil && len(pids) == 0
+	})
+	wait.For(t, 10*time.Second, "no child process alive", func() bool { return len(children()) == 0 })
 	var last int
 	ok := waitGoroutines(h, baseline, 20*time.Second, &last)
 	if !ok {
@@ -283,17 +288,12 @@ func settledGoroutines(h *harness) int {
 var goroutineSlack = 8
 
 func waitGoroutines(h *harness, baseline int, timeout time.Duration, last *int) bool {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
+	return wait.Until(timeout, func() bool {
 		h.client.CloseIdleConnections()
 		h.cp.CloseClientConnections()
 		*last = runtime.NumGoroutine()
-		if *last <= baseline+goroutineSlack {
-			return true
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return false
+		return *last <= baseline+goroutineSlack
+	})
 }
 
 func TestRepeatedCrashesEscalate(t *testing.T) {
@@ -303,7 +303,7 @@ func TestRepeatedCrashesEscalate(t *testing.T) {
 	})
 	h.waitPolls(1)
 	h.exec("victim", "sleep 30")
-	eventually(t, 10*time.Second, "running", func() bool { return h.d.Ledger().Active() == 1 })
+	wait.For(t, 10*time.Second, "running", func() bool { return h.d.Ledger().Active() == 1 })
 	for range 3 {
 		h.d.System().Root.Send(h.d.Child(actors.PollerName), &poison{})
 	}

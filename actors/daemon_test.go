@@ -15,8 +15,10 @@ import (
 
 	"nymph/actors"
 	"nymph/backoff"
+	"nymph/daemon/orphans"
 	"nymph/messages"
 	"nymph/test/fakecp"
+	"nymph/test/wait"
 )
 
 func TestHelloAndFirstPollWire(t *testing.T) {
@@ -194,7 +196,7 @@ func TestCancelExecAndRun(t *testing.T) {
 	h.exec("long", "echo started; sleep 30")
 	h.cp.QueueRun(messages.Run{InvocationID: "inv-long", Function: messages.FunctionRef{Module: "m", Qualname: "f"},
 		Script: ptr("sleep 30")})
-	eventually(t, 10*time.Second, "both running", func() bool {
+	wait.For(t, 10*time.Second, "both running", func() bool {
 		return h.d.Ledger().Active() == 2 && len(h.d.Ledger().Running()) == 1
 	})
 	h.cp.QueueKind(messages.KindCancel, &messages.Cancel{ExecID: ptr("long")})
@@ -217,7 +219,28 @@ func TestRunAcks(t *testing.T) {
 	h.cp.QueueRun(messages.Run{InvocationID: "bad-kind", RunConfig: messages.RunConfig{Runner: ptr("teleport")}})
 	h.cp.QueueRun(messages.Run{InvocationID: "default", Script: ptr(`printf done > "$NYMPH_RESULT_PATH"`)})
 	h.cp.QueueRun(messages.Run{InvocationID: "fails", Script: ptr("exit 3")})
-	h.cp.QueueRun(messages.Run{InvocationID: "tail", Script: ptr("echo tail-line; sleep 1")})
+	// tail runs until the test has seen a poll list it with its stdout
+	// tail: a fixed sleep could end before any poll went out (the wake
+	// polls after the other four can precede its echo, the next is held
+	// for wait_max_s).
+	gate := filepath.Join(h.workdir, "tail-gate")
+	h.cp.QueueRun(messages.Run{InvocationID: "tail", Script: ptr("echo tail-line; while [ ! -e " + gate + " ]; do sleep 0.02; done")})
+	listed := h.cp.WaitUntil(15*time.Second, func() bool {
+		for _, p := range h.cp.Polls() {
+			for _, inv := range p.Invocations {
+				if inv.InvocationID == "tail" && inv.State == "running" && strings.Contains(inv.StdoutTail, "tail-line") && inv.StartedAt > 0 {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	if !listed {
+		t.Error("no poll listed the running invocation with its stdout tail")
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	h.cp.Wait(15*time.Second, "5 acks", func() bool { return len(h.cp.Acks()) == 5 })
 	acks := map[string]messages.Ack{}
 	for _, a := range h.cp.Acks() {
@@ -237,18 +260,6 @@ func TestRunAcks(t *testing.T) {
 	}
 	if a := acks["fails"]; a.State != "failed" || a.Error == nil || len(a.ResultBlob) != 0 {
 		t.Errorf("fails: %+v", a)
-	}
-	// While "tail" ran, some poll listed it with its stdout tail.
-	seen := false
-	for _, p := range h.cp.Polls() {
-		for _, inv := range p.Invocations {
-			if inv.InvocationID == "tail" && inv.State == "running" && strings.Contains(inv.StdoutTail, "tail-line") && inv.StartedAt > 0 {
-				seen = true
-			}
-		}
-	}
-	if !seen {
-		t.Error("no poll listed the running invocation with its stdout tail")
 	}
 }
 
@@ -289,14 +300,7 @@ func TestPollErrorsBackOffWithJitter(t *testing.T) {
 	if err := h.d.Start(); err != nil {
 		t.Fatal(err)
 	}
-	h.cp.Wait(10*time.Second, "a successful poll", func() bool {
-		for _, r := range h.cp.Requests() {
-			if r.Route == fakecp.RoutePoll && r.Status == 200 {
-				return true
-			}
-		}
-		return false
-	})
+	h.waitPollAnswered(200)
 	ms := time.Millisecond
 	// backoff 10, 20, 40, 40 ms (max 40) plus 0.5·min(backoff, 5 s)
 	want := []time.Duration{15 * ms, 30 * ms, 60 * ms, 60 * ms}
@@ -336,7 +340,10 @@ func TestResetBackoffCommand(t *testing.T) {
 	h.cp.QueueKind(messages.KindResetBackoff, nil)
 	h.exec("e", "true")
 	h.cp.WaitResult("e", 10*time.Second)
+	// A poll already held by the fake has taken its fault check; queueing
+	// e2 now would let that poll deliver it before the fault is ever hit.
 	h.cp.Fail(fakecp.RoutePoll, 1, 500)
+	h.waitPollAnswered(500)
 	h.exec("e2", "true")
 	h.cp.WaitResult("e2", 10*time.Second)
 	if d := h.d.PollerState().Delays(); len(d) != 1 || d[0] != 10*time.Millisecond {
@@ -403,7 +410,8 @@ func TestMaxInvocationsNoFreePermitNoPoll(t *testing.T) {
 	h.waitPolls(1)
 	h.exec("p1", "sleep 0.5")
 	h.exec("p2", "true")
-	eventually(t, 10*time.Second, "p1 running", func() bool { return h.d.Ledger().Active() == 1 })
+	// The fake re-checks every 50 ms: busyFrom stays close to p1's start.
+	h.cp.Wait(10*time.Second, "p1 running", func() bool { return h.d.Ledger().Active() == 1 })
 	busyFrom := time.Now()
 	h.cp.WaitResult("p1", 10*time.Second)
 	busyTo := time.Now().Add(-100 * time.Millisecond)
@@ -459,7 +467,7 @@ func TestSetupFIFOSudoAndRefreshCapabilities(t *testing.T) {
 		}
 		h.cp.QueueSetup(s)
 	}
-	eventually(t, 10*time.Second, "setups done", func() bool { return h.d.SetupQueue().Idle() && h.d.SetupQueue().LastActivity().After(time.Time{}) })
+	wait.For(t, 10*time.Second, "setups done", func() bool { return h.d.SetupQueue().Idle() && h.d.SetupQueue().LastActivity().After(time.Time{}) })
 	b, _ := os.ReadFile(out)
 	if string(b) != "one\n0\nthree\n" {
 		t.Fatalf("order %q", b)
@@ -496,7 +504,10 @@ func TestShutdownGraceThenKill(t *testing.T) {
 	h.exec("short", "sleep 0.3; echo finished", withEnv(k, v))
 	h.exec("long", "sleep 30", withEnv(k, v))
 	h.cp.QueueRun(messages.Run{InvocationID: "run-long", Script: ptr("sleep 30"), RunConfig: messages.RunConfig{Env: map[string]string{k: v}}})
-	eventually(t, 10*time.Second, "3 jobs running", func() bool { return len(liveWithEnv(mark)) >= 3 })
+	wait.For(t, 10*time.Second, "3 jobs running", func() bool {
+		pids, err := orphans.WithEnv("/proc", mark)
+		return err == nil && len(pids) >= 3
+	})
 	start := time.Now()
 	h.d.Shutdown(800 * time.Millisecond)
 	if err := h.wait(20 * time.Second); err != nil {
@@ -518,7 +529,10 @@ func TestShutdownGraceThenKill(t *testing.T) {
 	if a.State != "killed" || a.Error == nil || a.Error.Type != "Cancelled" || a.Error.Message != "daemon shutdown grace expired" {
 		t.Fatalf("ack %+v %+v", a, a.Error)
 	}
-	eventually(t, 5*time.Second, "no process left", func() bool { return len(liveWithEnv(mark)) == 0 })
+	wait.For(t, 5*time.Second, "no process left", func() bool {
+		pids, err := orphans.WithEnv("/proc", mark)
+		return err == nil && len(pids) == 0
+	})
 	polls := len(h.cp.Polls())
 	if got := len(h.cp.Polls()); got != polls {
 		t.Fatal("still polling after shutdown")
@@ -529,7 +543,7 @@ func TestStopNowSkipsTheGrace(t *testing.T) {
 	h := newHarness(t, setup{})
 	h.waitPolls(1)
 	h.exec("long", "sleep 30")
-	eventually(t, 10*time.Second, "running", func() bool { return h.d.Ledger().Active() == 1 })
+	wait.For(t, 10*time.Second, "running", func() bool { return h.d.Ledger().Active() == 1 })
 	h.d.Shutdown(time.Hour)
 	h.d.StopNow()
 	if err := h.wait(10 * time.Second); err != nil {
@@ -576,7 +590,7 @@ func TestStaleTerminatedKeepsTheLiveChild(t *testing.T) {
 	h.d.System().Root.Send(h.d.PID(), &actor.Terminated{Who: live})
 	out := filepath.Join(h.workdir, "ran")
 	h.cp.QueueSetup(messages.Setup{Script: "echo yes > " + out, Name: ptr("after")})
-	eventually(t, 15*time.Second, "the setup ran", func() bool {
+	wait.For(t, 15*time.Second, "the setup ran", func() bool {
 		b, _ := os.ReadFile(out)
 		return string(b) == "yes\n"
 	})

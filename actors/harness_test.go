@@ -144,6 +144,19 @@ func (h *harness) waitPolls(n int) {
 	h.cp.Wait(10*time.Second, strconv.Itoa(n)+" polls", func() bool { return len(h.cp.Polls()) >= n })
 }
 
+// waitPollAnswered waits for a poll the fake answered with status.
+func (h *harness) waitPollAnswered(status int) {
+	h.t.Helper()
+	h.cp.Wait(10*time.Second, "a poll answered "+strconv.Itoa(status), func() bool {
+		for _, r := range h.cp.Requests() {
+			if r.Route == fakecp.RoutePoll && r.Status == status {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 func (h *harness) exec(id, command string, mod ...func(*messages.Exec)) string {
 	e := messages.Exec{ExecID: id, Command: command, Env: map[string]string{}}
 	for _, m := range mod {
@@ -167,31 +180,6 @@ func errOf(r messages.ExecResult) string {
 		return "<nil>"
 	}
 	return *r.Error
-}
-
-// liveWithEnv lists live (non-zombie) processes whose environment holds kv.
-func liveWithEnv(kv string) []int {
-	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, []byte(kv+"\x00")) {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
-		}
-		out = append(out, pid)
-	}
-	return out
 }
 
 // children lists live processes whose parent is this test process.
@@ -219,17 +207,6 @@ func children() []int {
 		}
 	}
 	return out
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // testLog writes to t.Log until the test's cleanup, then drops: actor

@@ -21,6 +21,7 @@ import (
 	"nymph/daemon/uplink"
 	"nymph/identity"
 	"nymph/messages"
+	"nymph/test/wait"
 )
 
 // cp is a control plane's /v1/daemon/keys and /v1/daemon/poll, with real
@@ -382,13 +383,7 @@ func TestSecondRotateWhileBusyIsSkipped(t *testing.T) {
 	})
 	r.rotate("c1")
 	r.rotate("c2")
-	deadline := time.Now().Add(10 * time.Second)
-	for !r.logged("rotation is under way; skipped") {
-		if time.Now().After(deadline) {
-			t.Fatal("c2 was not skipped")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "c2 to be skipped", func() bool { return r.logged("rotation is under way; skipped") })
 	close(gate)
 	res := r.result()
 	if res.CommandID != "c1" || !res.Accepted {
@@ -480,17 +475,9 @@ func TestNoIdentitySkips(t *testing.T) {
 	pid := sys.Root.Spawn(keys.Props(&keys.Deps{Log: zerolog.New(lockedWriter{&mu, &buf})}))
 	defer func() { _ = sys.Root.StopFuture(pid).Wait() }()
 	sys.Root.Send(pid, &messages.Dispatch{CommandID: "c", Kind: messages.KindRotateKey, Body: messages.RotateKey{}})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.For(t, 10*time.Second, "rotate_key without identity to be logged", func() bool {
 		mu.Lock()
-		ok := bytes.Contains(buf.Bytes(), []byte("no identity"))
-		mu.Unlock()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("rotate_key without identity not logged")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return bytes.Contains(buf.Bytes(), []byte("no identity"))
+	})
 }

@@ -30,6 +30,7 @@ import (
 	"nymph/runners"
 	"nymph/runners/process"
 	"nymph/test/fakecp"
+	"nymph/test/wait"
 )
 
 // logBuf keeps the daemon's log for assertions and mirrors it to t.Log
@@ -231,18 +232,7 @@ func (r *rig) stillServing(id string) {
 
 func (r *rig) waitLog(sub string, n int) {
 	r.t.Helper()
-	eventually(r.t, 20*time.Second, "log line "+sub, func() bool { return r.log.count(sub) >= n })
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(r.t, 20*time.Second, "log line "+sub, func() bool { return r.log.count(sub) >= n })
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -396,7 +386,7 @@ func TestSecondUpdateRefusedWhileBusy(t *testing.T) {
 	inst := &fakeInstaller{exe: exe, err: errors.New("boom"), gate: make(chan struct{})}
 	r := newRig(t, inst, nil)
 	r.update("v2", "http://127.0.0.1:1/a", strings.Repeat("a", 64))
-	eventually(t, 20*time.Second, "the first install to start", func() bool { return inst.Calls() == 1 })
+	wait.For(t, 20*time.Second, "the first install to start", func() bool { return inst.Calls() == 1 })
 	r.update("v3", "http://127.0.0.1:1/b", strings.Repeat("b", 64))
 	r.waitLog("another update is in progress", 1)
 	close(inst.gate)
@@ -417,7 +407,7 @@ func TestInstalledDrainsBeforeHandoff(t *testing.T) {
 	started := filepath.Join(t.TempDir(), "started")
 	r.cp.QueueExec(messages.Exec{ExecID: "long", Env: map[string]string{},
 		Command: "touch " + started + "; while [ ! -e " + gate + " ]; do sleep 0.02; done; echo done"})
-	eventually(t, 20*time.Second, "the long exec to start", func() bool { _, err := os.Stat(started); return err == nil })
+	wait.For(t, 20*time.Second, "the long exec to start", func() bool { _, err := os.Stat(started); return err == nil })
 
 	r.update("v2", "http://127.0.0.1:1/nymph", strings.Repeat("c", 64))
 	r.waitLog("draining in-flight execs", 1)
@@ -509,7 +499,7 @@ func TestAutoUpdateDoesNotLoop(t *testing.T) {
 	}
 
 	r.srv.target.Store(ptr("v9"))
-	eventually(t, 20*time.Second, "the first check", func() bool { return checks.Load() == 1 })
+	wait.For(t, 20*time.Second, "the first check", func() bool { return checks.Load() == 1 })
 	r.waitLog("update failed", 1)
 	polls = len(r.cp.Polls())
 	r.cp.Wait(20*time.Second, "more polls", func() bool { return len(r.cp.Polls()) >= polls+5 })
@@ -517,7 +507,7 @@ func TestAutoUpdateDoesNotLoop(t *testing.T) {
 		t.Fatalf("%d checks within one interval, want 1", n)
 	}
 	clock.Advance(61 * time.Second)
-	eventually(t, 20*time.Second, "the check of the next interval", func() bool { return checks.Load() == 2 })
+	wait.For(t, 20*time.Second, "the check of the next interval", func() bool { return checks.Load() == 2 })
 	if inst.Calls() != 0 {
 		t.Fatal("installed without a checksum")
 	}

@@ -19,6 +19,7 @@ import (
 	"nymph/identity"
 	"nymph/messages"
 	"nymph/test/fakecp"
+	"nymph/test/wait"
 )
 
 // tapProxy forwards TCP to target and keeps every byte the client sent.
@@ -207,7 +208,7 @@ func TestIdentityEnrollSignRotateRestart(t *testing.T) {
 	if offer.WorkerID != "w-fake" || offer.KeyID == key.ID() {
 		t.Fatalf("offer %+v", offer)
 	}
-	eventuallyT(t, 20*time.Second, "the new key on disk", func() bool {
+	wait.For(t, 20*time.Second, "the new key on disk", func() bool {
 		k, err := identity.Load(keyFile)
 		return err == nil && k.ID() == offer.KeyID
 	})
@@ -254,7 +255,7 @@ func TestIdentityRotationFailureKeepsTheOldKey(t *testing.T) {
 	key, _ := identity.Load(keyFile)
 	cp.Fail(fakecp.RouteKeys, 100, http.StatusServiceUnavailable)
 	cp.QueueKind(messages.KindRotateKey, nil)
-	eventuallyT(t, 20*time.Second, "the rotation to give up", func() bool {
+	wait.For(t, 20*time.Second, "the rotation to give up", func() bool {
 		return strings.Contains(d.stderr.String(), "key rotation failed: the old key stays in use and on disk")
 	})
 	after, _ := os.ReadFile(keyFile)

@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"nymph/daemon/orphans"
 	"nymph/messages"
 	"nymph/test/fakecp"
+	"nymph/test/wait"
 )
 
 var (
@@ -84,48 +86,63 @@ func (s *syncBuffer) String() string {
 func writeConfig(t *testing.T, cp *fakecp.CP, runtimeExtra string) (string, string) {
 	t.Helper()
 	dir := t.TempDir()
-	token := filepath.Join(dir, "token")
-	if err := os.WriteFile(token, []byte("daemon-token\n"), 0o600); err != nil {
+	return writeConfigIn(t, dir, cp.URL, `[daemon]
+machine_id = "bin-host"
+label = "binary test"
+tags = ["zone=test"]
+queue = "from-file"
+
+[runtime]
+runners = ["process", "echo"]
+workdir = "work"
+`+runtimeExtra), dir
+}
+
+// writeConfigIn writes the daemon's token and a nymph.toml into dir and
+// returns the config's path: the tables of body between a [server] at url
+// and the [poll] and [log] every test shares (quick retries, debug JSON
+// logs the tests read).
+func writeConfigIn(t *testing.T, dir, url, body string) string {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("daemon-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg := fmt.Sprintf(`[server]
 url = %q
 token_file = "token"
 
-[daemon]
-machine_id = "bin-host"
-label = "binary test"
-tags = ["zone=test"]
-queue = "from-file"
+%s
 
 [poll]
 wait_max_s = 1
 retry_min_s = 0.05
 retry_max_s = 0.2
 
-[runtime]
-runners = ["process", "echo"]
-workdir = "work"
-%s
-
 [log]
 level = "debug"
 format = "json"
-`, cp.URL, runtimeExtra)
+`, url, body)
 	p := filepath.Join(dir, "nymph.toml")
 	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return p, dir
+	return p
 }
 
+// start runs the test binary with env added to this process's environment.
 func start(t *testing.T, env []string, args ...string) *daemon {
 	t.Helper()
-	cmd := exec.Command(nymphBin(t), args...)
+	return startBin(t, nymphBin(t), env, args...)
+}
+
+// startBin runs bin; the daemon is killed at cleanup and its output logged
+// if the test failed.
+func startBin(t *testing.T, bin string, env []string, args ...string) *daemon {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	d := &daemon{t: t, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stderr = d.stderr
-	cmd.Stdout = d.stderr
+	cmd.Stderr, cmd.Stdout = d.stderr, d.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -231,8 +248,10 @@ func TestHelloWireAndQueueOverrides(t *testing.T) {
 	if q := cp2.Polls()[0].Queue; q != "from-flag" {
 		t.Fatalf("queue %q, want the flag's", q)
 	}
-	// Idle footprint, for the record (the target is checked by make bench).
-	time.Sleep(1500 * time.Millisecond) // let it sit idle through a poll or two
+	// Idle footprint, for the record (the target is checked by make bench),
+	// once the daemon has sat through one whole held poll.
+	polls := len(cp2.Polls())
+	cp2.Wait(20*time.Second, "the next poll", func() bool { return len(cp2.Polls()) > polls })
 	if rss := vmRSS(d2.cmd.Process.Pid); rss != "" {
 		t.Logf("idle nymph memory: %s", rss)
 	}
@@ -253,7 +272,10 @@ func TestSIGTERMHonoursGraceThenKillsAndReports(t *testing.T) {
 	cp.QueueExec(messages.Exec{ExecID: "short", Command: "sleep 0.5; echo done", Env: env})
 	cp.QueueExec(messages.Exec{ExecID: "long", Command: "sleep 60", Env: env})
 	cp.QueueRun(messages.Run{InvocationID: "run-long", Script: ptr("sleep 60"), RunConfig: messages.RunConfig{Env: env}})
-	eventuallyT(t, 20*time.Second, "3 jobs running", func() bool { return len(liveWithEnv(mark)) >= 3 })
+	wait.For(t, 20*time.Second, "3 jobs running", func() bool {
+		pids, err := orphans.WithEnv("/proc", mark)
+		return err == nil && len(pids) >= 3
+	})
 	sent := time.Now()
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	code := d.wait(30 * time.Second)
@@ -276,7 +298,10 @@ func TestSIGTERMHonoursGraceThenKillsAndReports(t *testing.T) {
 		acks[0].Error.Message != "daemon shutdown grace expired" || acks[0].WorkerID != "w-fake" {
 		t.Fatalf("acks %+v", acks)
 	}
-	eventuallyT(t, 5*time.Second, "nothing left running", func() bool { return len(liveWithEnv(mark)) == 0 })
+	wait.For(t, 5*time.Second, "nothing left running", func() bool {
+		pids, err := orphans.WithEnv("/proc", mark)
+		return err == nil && len(pids) == 0
+	})
 }
 
 func TestSecondSignalStopsAtOnce(t *testing.T) {
@@ -287,9 +312,12 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 	mark := "NYMPH_BIN_MARK=" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	k, v, _ := strings.Cut(mark, "=")
 	cp.QueueExec(messages.Exec{ExecID: "long", Command: "sleep 60", Env: map[string]string{k: v}})
-	eventuallyT(t, 20*time.Second, "running", func() bool { return len(liveWithEnv(mark)) >= 1 })
+	wait.For(t, 20*time.Second, "running", func() bool {
+		pids, err := orphans.WithEnv("/proc", mark)
+		return err == nil && len(pids) >= 1
+	})
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	eventuallyT(t, 10*time.Second, "shutdown logged", func() bool { return strings.Contains(d.stderr.String(), "shutting down") })
+	wait.For(t, 10*time.Second, "shutdown logged", func() bool { return strings.Contains(d.stderr.String(), "shutting down") })
 	sent := time.Now()
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	if code := d.wait(20 * time.Second); code != 0 {
@@ -301,7 +329,10 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 	if r, ok := cp.Result("long"); !ok || r.ExitCode != messages.ExitFailed {
 		t.Fatalf("long: %+v %v", r, ok)
 	}
-	eventuallyT(t, 5*time.Second, "nothing left running", func() bool { return len(liveWithEnv(mark)) == 0 })
+	wait.For(t, 5*time.Second, "nothing left running", func() bool {
+		pids, err := orphans.WithEnv("/proc", mark)
+		return err == nil && len(pids) == 0
+	})
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -320,39 +351,4 @@ func vmRSS(pid int) string {
 		}
 	}
 	return strings.Join(parts, ", ")
-}
-
-func liveWithEnv(kv string) []int {
-	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, []byte(kv+"\x00")) {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
-		}
-		out = append(out, pid)
-	}
-	return out
-}
-
-func eventuallyT(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

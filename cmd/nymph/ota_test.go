@@ -17,6 +17,7 @@ import (
 
 	"nymph/messages"
 	"nymph/test/fakecp"
+	"nymph/test/wait"
 )
 
 // privateCopy copies bin into a directory of its own: an update replaces
@@ -32,29 +33,6 @@ func privateCopy(t *testing.T, bin string) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-func startBin(t *testing.T, bin string, args ...string) *daemon {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	d := &daemon{t: t, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stderr, cmd.Stdout = d.stderr, d.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = cmd.Wait()
-		d.code = cmd.ProcessState.ExitCode()
-		close(d.done)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-d.done
-		if t.Failed() {
-			t.Logf("nymph output:\n%s", d.stderr.String())
-		}
-	})
-	return d
 }
 
 // update serves /usr/bin/true as "the new binary": a real executable for
@@ -75,30 +53,39 @@ func update(t *testing.T) (messages.OtaUpdate, []byte) {
 	return messages.OtaUpdate{Version: "2.0.0", URL: srv.URL + "/nymph", SHA256: hex.EncodeToString(h[:])}, b
 }
 
+// startDraining starts a private copy of the binary with a gated exec on
+// it, sends it an update and waits for the drain the update waits on. It
+// returns the installed path and the new binary's bytes.
+func startDraining(t *testing.T) (cp *fakecp.CP, d *daemon, gate, bin string, newBin []byte) {
+	t.Helper()
+	bin = privateCopy(t, nymphBin(t))
+	cp, d, gate = startWithLongExec(t, bin)
+	cmd, newBin := update(t)
+	cp.QueueKind(messages.KindOtaUpdate, &cmd)
+	wait.For(t, 30*time.Second, "the drain", func() bool {
+		return strings.Contains(d.stderr.String(), "draining in-flight execs and runs before exec")
+	})
+	return cp, d, gate, bin, newBin
+}
+
 // startWithLongExec starts bin and a gated exec on it.
 func startWithLongExec(t *testing.T, bin string) (*fakecp.CP, *daemon, string) {
 	t.Helper()
 	cp := fakecp.New(t, fakecp.WithMaxHold(300*time.Millisecond))
 	cfg, _ := writeConfig(t, cp, "shutdown_grace_s = 60")
-	d := startBin(t, bin, "run", "--config", cfg)
+	d := startBin(t, bin, nil, "run", "--config", cfg)
 	dir := t.TempDir()
 	started, gate := filepath.Join(dir, "started"), filepath.Join(dir, "gate")
 	cp.QueueExec(messages.Exec{ExecID: "long", Env: map[string]string{},
 		Command: "touch " + started + "; while [ ! -e " + gate + " ]; do sleep 0.02; done; echo drained"})
-	eventuallyT(t, 20*time.Second, "the long exec to start", func() bool { _, err := os.Stat(started); return err == nil })
+	wait.For(t, 20*time.Second, "the long exec to start", func() bool { _, err := os.Stat(started); return err == nil })
 	return cp, d, gate
 }
 
 // The update installs, the running exec finishes and its result is posted,
 // and only then the same process execs the new binary with its arguments.
 func TestUpdateDrainsThenExecsSamePID(t *testing.T) {
-	bin := privateCopy(t, nymphBin(t))
-	cp, d, gate := startWithLongExec(t, bin)
-	cmd, newBin := update(t)
-	cp.QueueKind(messages.KindOtaUpdate, &cmd)
-	eventuallyT(t, 30*time.Second, "the drain", func() bool {
-		return strings.Contains(d.stderr.String(), "draining in-flight execs and runs before exec")
-	})
+	cp, d, gate, bin, newBin := startDraining(t)
 	if got, _ := os.ReadFile(bin); !bytes.Equal(got, newBin) {
 		t.Fatal("the new binary is not installed")
 	}
@@ -124,15 +111,9 @@ func TestUpdateDrainsThenExecsSamePID(t *testing.T) {
 // A signal during the drain wins: the process exits after the drain, and
 // the installed binary runs at the next start.
 func TestSignalDuringUpdateDrainStops(t *testing.T) {
-	bin := privateCopy(t, nymphBin(t))
-	cp, d, gate := startWithLongExec(t, bin)
-	cmd, newBin := update(t)
-	cp.QueueKind(messages.KindOtaUpdate, &cmd)
-	eventuallyT(t, 30*time.Second, "the drain", func() bool {
-		return strings.Contains(d.stderr.String(), "draining in-flight execs and runs before exec")
-	})
+	cp, d, gate, bin, newBin := startDraining(t)
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	eventuallyT(t, 10*time.Second, "the signal to be seen", func() bool {
+	wait.For(t, 10*time.Second, "the signal to be seen", func() bool {
 		return strings.Contains(d.stderr.String(), `"signal":"terminated"`)
 	})
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
@@ -166,10 +147,10 @@ func TestSelfExecOffAtLinkTime(t *testing.T) {
 	}
 	cp := fakecp.New(t, fakecp.WithMaxHold(300*time.Millisecond))
 	cfg, _ := writeConfig(t, cp, "")
-	d := startBin(t, bin, "run", "--config", cfg)
+	d := startBin(t, bin, nil, "run", "--config", cfg)
 	cmd, newBin := update(t)
 	cp.QueueKind(messages.KindOtaUpdate, &cmd)
-	eventuallyT(t, 30*time.Second, "the install", func() bool {
+	wait.For(t, 30*time.Second, "the install", func() bool {
 		return strings.Contains(d.stderr.String(), "self-exec is disabled, so it applies at the next restart")
 	})
 	if got, _ := os.ReadFile(bin); !bytes.Equal(got, newBin) {

@@ -53,21 +53,8 @@ func TestRunnerSettingsReachTheRunners(t *testing.T) {
 	// srun: skip its own flags and run the command.
 	fakeTool(t, bin, "srun", log, "while [ \"${1#--}\" != \"$1\" ]; do shift; done\nexec \"$@\"")
 
-	token := filepath.Join(dir, "token")
-	if err := os.WriteFile(token, []byte("daemon-token\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := fmt.Sprintf(`[server]
-url = %q
-token_file = "token"
-
-[daemon]
+	p := writeConfigIn(t, dir, cp.URL, fmt.Sprintf(`[daemon]
 machine_id = "runner-host"
-
-[poll]
-wait_max_s = 1
-retry_min_s = 0.05
-retry_max_s = 0.2
 
 [runtime]
 runners = ["process", "echo", "python", "docker", "gvisor", "slurm"]
@@ -92,16 +79,7 @@ container_run_args = ["--gvisor-run-flag"]
 [runners.slurm]
 bin_dir = %q
 srun_args = ["--partition=debug"]
-env = ["SLURM_CONF=/etc/slurm/test.conf"]
-
-[log]
-level = "debug"
-format = "json"
-`, cp.URL, python, cli, runsc, gcli, bin)
-	p := filepath.Join(dir, "nymph.toml")
-	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+env = ["SLURM_CONF=/etc/slurm/test.conf"]`, python, cli, runsc, gcli, bin))
 	start(t, nil, "run", "--config", p)
 	cp.Wait(20*time.Second, "a poll", func() bool { return len(cp.Polls()) > 0 })
 	caps := cp.Hellos()[0].Capabilities.Runners

@@ -90,14 +90,7 @@ func newFakeCP(t *testing.T, workers ...operatorapi.Worker) *fakeCP {
 	mux.HandleFunc(operatorapi.RouteListCommands, func(w http.ResponseWriter, r *http.Request) {
 		reply(w, 200, []operatorapi.CommandInfo{{ID: "c1", Kind: "setup", State: "queued", CreatedAt: time.Now()}})
 	})
-	mux.HandleFunc(operatorapi.RouteCreateToken, func(w http.ResponseWriter, r *http.Request) {
-		var req operatorapi.TokenRequest
-		_ = json.NewDecoder(r.Body).Decode(&req)
-		f.mu.Lock()
-		f.tokens = append(f.tokens, req)
-		f.mu.Unlock()
-		reply(w, 201, operatorapi.TokenResponse{Token: "dlt_minted", Kind: req.Kind})
-	})
+	mux.HandleFunc(operatorapi.RouteCreateToken, mintToken(&f.mu, &f.tokens))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+adminToken {
 			reply(w, 401, operatorapi.Error{Error: "missing or wrong admin token"})
@@ -327,14 +320,20 @@ type runOpts struct {
 	stdout    io.Writer // extra sink, e.g. to cancel on first output
 }
 
-// run drives cli.Main in-process against f.
-func (f *fakeCP) run(t *testing.T, o runOpts, args ...string) result {
-	t.Helper()
-	env := map[string]string{
-		cli.EnvURL:         f.url,
+// adminEnv points the CLI at url with the admin token and a credentials
+// file of its own.
+func adminEnv(t *testing.T, url string) map[string]string {
+	return map[string]string{
+		cli.EnvURL:         url,
 		cli.EnvAdminToken:  adminToken,
 		cli.EnvCredentials: filepath.Join(t.TempDir(), "credentials.json"),
 	}
+}
+
+// run drives cli.Main in-process against f.
+func (f *fakeCP) run(t *testing.T, o runOpts, args ...string) result {
+	t.Helper()
+	env := adminEnv(t, f.url)
 	for k, v := range o.env {
 		env[k] = v
 	}
@@ -387,4 +386,36 @@ func fleet() []operatorapi.Worker {
 		{ID: "cccc000000000000000000c1", Label: "fleet-00", State: operatorapi.StateActive, LastSeenAt: now.Add(-30 * time.Hour)},
 		{ID: "cccc000000000000000000c2", Label: "fleet-01", State: operatorapi.StateGone, LastSeenAt: now.Add(-50 * time.Hour)},
 	}
+}
+
+// mintToken answers token create with "dlt_minted", recording each request
+// in *tokens under mu.
+func mintToken(mu *sync.Mutex, tokens *[]operatorapi.TokenRequest) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req operatorapi.TokenRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		mu.Lock()
+		*tokens = append(*tokens, req)
+		mu.Unlock()
+		reply(w, 201, operatorapi.TokenResponse{Token: "dlt_minted", Kind: req.Kind})
+	}
+}
+
+// daemonRequest is a msgpack POST of body to url, as a daemon sends it,
+// with bearer when it is not empty; it returns the body too, for signing.
+func daemonRequest(t *testing.T, url, bearer string, body any) (*http.Request, []byte) {
+	t.Helper()
+	b, err := messages.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", messages.ContentType)
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	return req, b
 }

@@ -35,14 +35,7 @@ func newInstallCP(t *testing.T) *installCP {
 	t.Helper()
 	f := &installCP{}
 	mux := http.NewServeMux()
-	mux.HandleFunc(operatorapi.RouteCreateToken, func(w http.ResponseWriter, r *http.Request) {
-		var req operatorapi.TokenRequest
-		_ = json.NewDecoder(r.Body).Decode(&req)
-		f.mu.Lock()
-		f.tokens = append(f.tokens, req)
-		f.mu.Unlock()
-		reply(w, 201, operatorapi.TokenResponse{Token: "dlt_minted", Kind: req.Kind})
-	})
+	mux.HandleFunc(operatorapi.RouteCreateToken, mintToken(&f.mu, &f.tokens))
 	mux.HandleFunc(operatorapi.RouteListWorkers, func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -158,12 +151,7 @@ func main() {
 
 func (f *installCP) run(t *testing.T, o runOpts, args ...string) result {
 	t.Helper()
-	env := map[string]string{
-		cli.EnvURL:         f.url,
-		cli.EnvAdminToken:  adminToken,
-		cli.EnvCredentials: filepath.Join(t.TempDir(), "credentials.json"),
-	}
-	return runCLI(t, o, env, args...)
+	return runCLI(t, o, adminEnv(t, f.url), args...)
 }
 
 // TestInstall drives `daemon install` against a stand-in host; the

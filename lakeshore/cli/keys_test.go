@@ -1,21 +1,12 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"io"
-	"math/big"
-	"net"
+	"maps"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,94 +16,37 @@ import (
 	"nymph/lakeshore/cli"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
+	"nymph/test/harness"
 )
-
-// writeTestCA makes a private CA and a certificate for 127.0.0.1 signed by
-// it, and returns the CA, certificate and key files.
-func writeTestCA(t *testing.T, dir string) (caFile, certFile, keyFile string, pool *x509.CertPool) {
-	t.Helper()
-	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "cp"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	caFile, certFile, keyFile = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cp.pem"), filepath.Join(dir, "cp-key.pem")
-	for path, b := range map[string]*pem.Block{
-		caFile: {Type: "CERTIFICATE", Bytes: caDER}, certFile: {Type: "CERTIFICATE", Bytes: der}, keyFile: {Type: "EC PRIVATE KEY", Bytes: keyDER},
-	} {
-		if err := os.WriteFile(path, pem.EncodeToMemory(b), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pool = x509.NewCertPool()
-	pool.AddCert(caCert)
-	return caFile, certFile, keyFile, pool
-}
 
 // TestServeTLSAndKeyVerbs runs `lakeshore serve` over HTTPS with signatures
 // required, enrolls a hand-driven daemon with a token from `token create
 // --enroll`, and drives show, rotate-key and revoke-key through --ca-file.
 func TestServeTLSAndKeyVerbs(t *testing.T) {
 	dir := t.TempDir()
-	caFile, certFile, keyFile, pool := writeTestCA(t, dir)
+	ca := harness.NewCA(t)
+	certFile, keyFile, _ := ca.Issue(t)
 	creds := filepath.Join(dir, "credentials.json")
 	env := map[string]string{
 		cli.EnvCredentials:       creds,
 		cli.EnvDaemonToken:       "shared-daemon-token",
 		cli.EnvRequireSignatures: "1",
-		cli.EnvCAFile:            caFile,
+		cli.EnvCAFile:            ca.CertFile,
 		"HOME":                   dir,
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := &lineSignal{needle: "generated admin token", ch: make(chan struct{})}
-	served := make(chan result, 1)
-	go func() {
-		served <- runCLI(t, runOpts{ctx: ctx, stdout: ready}, env, "serve", "--addr", "127.0.0.1:0",
-			"--data", filepath.Join(dir, "data"), "--log-format", "json", "--tls-cert", certFile, "--tls-key", keyFile)
-	}()
-	select {
-	case <-ready.ch:
-	case r := <-served:
-		t.Fatalf("serve exited early: %+v", r)
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve printed no admin token")
-	}
+	_, stop := startServe(t, env, "--data", filepath.Join(dir, "data"), "--log-format", "json", "--tls-cert", certFile, "--tls-key", keyFile)
 	c, err := cli.ReadCredentials(creds)
 	if err != nil || !strings.HasPrefix(c.URL, "https://127.0.0.1:") {
 		t.Fatalf("credentials %+v %v", c, err)
 	}
 
 	// The CA file is what makes the HTTPS server trusted.
-	noCA := map[string]string{}
-	for k, v := range env {
-		noCA[k] = v
-	}
+	noCA := maps.Clone(env)
 	delete(noCA, cli.EnvCAFile)
 	if r := runCLI(t, runOpts{}, noCA, "daemon", "list"); r.code == 0 || !strings.Contains(r.stderr, "certificate") {
 		t.Fatalf("list without the CA: %+v", r)
 	}
-	if r := runCLI(t, runOpts{}, noCA, "daemon", "list", "--ca-file", caFile); r.code != 0 {
+	if r := runCLI(t, runOpts{}, noCA, "daemon", "list", "--ca-file", ca.CertFile); r.code != 0 {
 		t.Fatalf("list with --ca-file: %+v", r)
 	}
 	if r := runCLI(t, runOpts{}, noCA, "daemon", "list", "--ca-file", filepath.Join(dir, "nope.pem")); r.code != cli.ExitUsage {
@@ -126,7 +60,7 @@ func TestServeTLSAndKeyVerbs(t *testing.T) {
 		t.Fatalf("token create --enroll --ttl 1h: %+v", r)
 	}
 
-	d := &signedDaemon{t: t, url: c.URL, client: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, key: newIdentityKey(t)}
+	d := &signedDaemon{t: t, url: c.URL, client: &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}, key: newIdentityKey(t)}
 	// Signatures are required: the bearer alone is turned away.
 	if hr := d.hello("shared-daemon-token", false); hr.Reject == nil || hr.Reject.Code != messages.RejectEnrollmentSignatureRequired {
 		t.Fatalf("bearer-only hello: %+v", hr.Reject)
@@ -166,14 +100,39 @@ func TestServeTLSAndKeyVerbs(t *testing.T) {
 		t.Fatalf("show --json after revoke: %+v", r)
 	}
 
-	cancel()
+	stop()
+}
+
+// startServe runs `lakeshore serve --addr 127.0.0.1:0 args...` with env and
+// returns once it printed the admin token it generated, with what it
+// printed and a stop that cancels it and fails the test unless it exits 0.
+func startServe(t *testing.T, env map[string]string, args ...string) (out *lineSignal, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ready := &lineSignal{needle: "generated admin token", ch: make(chan struct{})}
+	served := make(chan result, 1)
+	go func() {
+		served <- runCLI(t, runOpts{ctx: ctx, stdout: ready}, env, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...)
+	}()
 	select {
+	case <-ready.ch:
 	case r := <-served:
-		if r.code != 0 {
-			t.Fatalf("serve: %+v", r)
-		}
+		t.Fatalf("serve exited early: %+v", r)
 	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop")
+		t.Fatal("serve printed no admin token")
+	}
+	return ready, func() {
+		t.Helper()
+		cancel()
+		select {
+		case r := <-served:
+			if r.code != 0 {
+				t.Fatalf("serve stopped with %+v", r)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("serve did not stop on cancel")
+		}
 	}
 }
 
@@ -217,15 +176,7 @@ type signedDaemon struct {
 
 func (d *signedDaemon) post(path, bearer string, sign bool, body any) *http.Response {
 	d.t.Helper()
-	b, err := messages.Marshal(body)
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	req, _ := http.NewRequest(http.MethodPost, d.url+path, bytes.NewReader(b))
-	req.Header.Set("Content-Type", messages.ContentType)
-	if bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+bearer)
-	}
+	req, b := daemonRequest(d.t, d.url+path, bearer, body)
 	if sign {
 		if err := d.key.SignRequest(req, b, time.Now()); err != nil {
 			d.t.Fatal(err)

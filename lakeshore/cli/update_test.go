@@ -74,13 +74,7 @@ func (c *realCP) run(o runOpts, args ...string) result {
 
 func (c *realCP) daemonCall(path string, body, out any) {
 	c.t.Helper()
-	b, err := messages.Marshal(body)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	req, _ := http.NewRequest(http.MethodPost, c.url+path, bytes.NewReader(b))
-	req.Header.Set("Content-Type", messages.ContentType)
-	req.Header.Set("Authorization", "Bearer "+realDaemon)
+	req, _ := daemonRequest(c.t, c.url+path, realDaemon, body)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		c.t.Fatal(err)

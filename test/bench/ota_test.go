@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"nymph/test/harness"
+	"nymph/test/wait"
 )
 
 // otaRows times an over-the-air update — from `lakeshore daemon update` to
@@ -43,7 +44,7 @@ func otaRows(t *testing.T, rep *report, cp *harness.ControlPlane) {
 	firstPoll := func(since time.Time) time.Duration {
 		t.Helper()
 		var at time.Time
-		harness.WaitFor(t, 60*time.Second, "the first poll of the new process", func() bool {
+		wait.For(t, 60*time.Second, "the first poll of the new process", func() bool {
 			var ok bool
 			at, ok = proxy.FirstPollAfterHello(since)
 			return ok

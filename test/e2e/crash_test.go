@@ -11,6 +11,7 @@ import (
 
 	"nymph/lakeshore/operatorapi"
 	"nymph/test/harness"
+	"nymph/test/wait"
 )
 
 // A control plane killed with SIGKILL while commands are queued and execs
@@ -25,7 +26,7 @@ func TestControlPlaneCrashLosesNothing(t *testing.T) {
 	gate := filepath.Join(dir, "gate")
 
 	running := startExec(t, cp, "survivor", fmt.Sprintf(`echo start >> %[1]s; while [ ! -e %[2]s ]; do sleep 0.02; done; echo long >> %[1]s`, logf, gate))
-	harness.WaitFor(t, 30*time.Second, "the long exec to start", func() bool {
+	wait.For(t, 30*time.Second, "the long exec to start", func() bool {
 		b, _ := os.ReadFile(logf)
 		return strings.Contains(string(b), "start")
 	})
@@ -39,7 +40,7 @@ func TestControlPlaneCrashLosesNothing(t *testing.T) {
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	harness.WaitFor(t, 30*time.Second, "the long exec to finish on the daemon", func() bool {
+	wait.For(t, 30*time.Second, "the long exec to finish on the daemon", func() bool {
 		b, _ := os.ReadFile(logf)
 		return strings.Contains(string(b), "long")
 	})
@@ -47,7 +48,7 @@ func TestControlPlaneCrashLosesNothing(t *testing.T) {
 
 	for _, id := range ids {
 		var e operatorapi.Exec
-		harness.WaitFor(t, 60*time.Second, "exec "+id+" to finish after the restart", func() bool {
+		wait.For(t, 60*time.Second, "exec "+id+" to finish after the restart", func() bool {
 			return cp.GetJSON("/v1/namespaces/default/execs/"+id, &e) == nil && e.State == operatorapi.ExecFinished
 		})
 		if e.Result == nil || e.Result.ExitCode != 0 {
@@ -92,7 +93,7 @@ func TestDaemonRestartEndsJobsLeftByACrash(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "job.pid")
 	startExec(t, cp, "phoenix", fmt.Sprintf("echo $$ > %s; exec sleep 300", pidFile))
 	var pid int
-	harness.WaitFor(t, 30*time.Second, "the job to start", func() bool {
+	wait.For(t, 30*time.Second, "the job to start", func() bool {
 		b, err := os.ReadFile(pidFile)
 		if err != nil {
 			return false
@@ -107,7 +108,7 @@ func TestDaemonRestartEndsJobsLeftByACrash(t *testing.T) {
 		t.Fatalf("job %d died with the daemon; the test needs it to outlive the crash", pid)
 	}
 	d.Start(d.Bin, nil)
-	harness.WaitFor(t, 30*time.Second, "the restarted daemon to end the left-over job", func() bool { return !processAlive(pid) })
+	wait.For(t, 30*time.Second, "the restarted daemon to end the left-over job", func() bool { return !processAlive(pid) })
 	if !strings.Contains(d.Log(), "killed processes left running by a previous run") {
 		t.Fatalf("no log line about the left-over job:\n%s", d.Log())
 	}

@@ -25,6 +25,7 @@ import (
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
 	"nymph/test/harness"
+	"nymph/test/wait"
 )
 
 // recorded is one request that went through the recorder.
@@ -217,6 +218,14 @@ func stopDaemon(t *testing.T, d *harness.Daemon) {
 	}
 }
 
+// stillWorksThenStop runs a plain exec on the daemon labelled label, then
+// stops it cleanly.
+func stillWorksThenStop(t *testing.T, cp *harness.ControlPlane, d *harness.Daemon, label string) {
+	t.Helper()
+	expectCode(t, cp.CLI(t, "daemon", "exec", label, "true"), 0)
+	stopDaemon(t, d)
+}
+
 func showKeys(t *testing.T, cp *harness.ControlPlane, label string) []operatorapi.KeyInfo {
 	t.Helper()
 	return mustJSON[operatorapi.Worker](t, cp.CLI(t, "daemon", "show", label, "--json")).Keys
@@ -275,6 +284,22 @@ func tlsCP(t *testing.T, env ...string) *harness.ControlPlane {
 	return harness.StartControlPlane(t, harness.CPOptions{TLS: harness.NewCA(t), Env: env})
 }
 
+// startSigned starts a TLS control plane behind a recorder and a daemon
+// with an identity and a fresh enrollment token that polls through the
+// recorder, holding each poll at most waitMax seconds.
+func startSigned(t *testing.T, o harness.DaemonOptions) (*harness.ControlPlane, *recorder, identityDir, *harness.Daemon) {
+	t.Helper()
+	cp := tlsCP(t)
+	rec := startRecorder(t, cp)
+	id := newIdentityDir(t)
+	id.setToken(t, mintEnroll(t, cp))
+	o.ServerURL, o.WaitMaxS, o.ExtraTOML = rec.URL, waitMax, id.toml()
+	return cp, rec, id, cp.StartDaemon(t, o)
+}
+
+// waitMax is the wait_max_s of the daemons startSigned starts.
+const waitMax = 2
+
 // TestIdentityEnrollmentOverTLS: a token from the CLI, a key made on the
 // first start, enrollment on the first hello, work over HTTPS, and a
 // restart that says hello with the signature alone.
@@ -319,7 +344,7 @@ func TestIdentityEnrollmentOverTLS(t *testing.T) {
 	stopDaemon(t, d)
 	hellos := len(rec.all("/v1/daemon/hello"))
 	d.Start(d.Bin, nil)
-	harness.WaitFor(t, 30*time.Second, "a poll after the restart", func() bool {
+	wait.For(t, 30*time.Second, "a poll after the restart", func() bool {
 		return len(rec.all("/v1/daemon/hello")) > hellos && strings.Count(d.Log(), `"message":"hello accepted"`) >= 2
 	})
 	h2 := rec.all("/v1/daemon/hello")[hellos]
@@ -371,7 +396,7 @@ func TestIdentityRejects(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.Stdout), &tr); err != nil || tr.ExpiresAt == nil {
 			t.Fatalf("%v %s", err, r.Stdout)
 		}
-		harness.WaitFor(t, 10*time.Second, "the token to expire", func() bool { return time.Now().After(tr.ExpiresAt.Add(time.Second)) })
+		wait.For(t, 10*time.Second, "the token to expire", func() bool { return time.Now().After(tr.ExpiresAt.Add(time.Second)) })
 		id := newIdentityDir(t)
 		id.setToken(t, tr.Token)
 		d := cp.StartDaemon(t, harness.DaemonOptions{ExtraTOML: id.toml(), NoWait: true})
@@ -435,15 +460,11 @@ func TestIdentityRejects(t *testing.T) {
 // captured one replayed, or altered in body, path or timestamp, is refused.
 func TestIdentitySignedPollingAndTampering(t *testing.T) {
 	t.Parallel()
-	cp := tlsCP(t)
-	rec := startRecorder(t, cp)
-	id := newIdentityDir(t)
-	id.setToken(t, mintEnroll(t, cp))
 	// No valid bootstrap bearer: the signature alone must authenticate.
-	w := cp.StartDaemon(t, harness.DaemonOptions{Label: "signer", ServerURL: rec.URL, WaitMaxS: 2, ExtraTOML: id.toml(), Token: "not-a-daemon-token"})
+	cp, rec, id, w := startSigned(t, harness.DaemonOptions{Label: "signer", Token: "not-a-daemon-token"})
 	key := id.key(t)
 	expectCode(t, cp.CLI(t, "daemon", "exec", "signer", "echo", "signed"), 0)
-	harness.WaitFor(t, 30*time.Second, "three answered polls", func() bool {
+	wait.For(t, 30*time.Second, "three answered polls", func() bool {
 		n := 0
 		for _, p := range rec.all("/v1/daemon/poll") {
 			if p.Status == http.StatusOK {
@@ -498,19 +519,14 @@ func TestIdentitySignedPollingAndTampering(t *testing.T) {
 			t.Fatalf("control plane log has no %s:\n%s", reason, cp.Log())
 		}
 	}
-	expectCode(t, cp.CLI(t, "daemon", "exec", "signer", "true"), 0)
-	stopDaemon(t, w)
+	stillWorksThenStop(t, cp, w, "signer")
 }
 
 // TestIdentityRotationWhileExecsRun: a rotation in the middle of running
 // execs fails none of them; afterwards the old key is refused.
 func TestIdentityRotationWhileExecsRun(t *testing.T) {
 	t.Parallel()
-	cp := tlsCP(t)
-	rec := startRecorder(t, cp)
-	id := newIdentityDir(t)
-	id.setToken(t, mintEnroll(t, cp))
-	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "rotor", ServerURL: rec.URL, WaitMaxS: 2, ExtraTOML: id.toml()})
+	cp, rec, id, d := startSigned(t, harness.DaemonOptions{Label: "rotor"})
 	worker := cp.WaitForWorker(t, "rotor")
 	old := id.key(t)
 
@@ -524,12 +540,12 @@ func TestIdentityRotationWhileExecsRun(t *testing.T) {
 			results[i] = cp.CLI(t, "daemon", "exec", "rotor", fmt.Sprintf("sleep 1.%d; echo exec-%d", i, i))
 		}()
 	}
-	harness.WaitFor(t, 30*time.Second, "execs running", func() bool {
+	wait.For(t, 30*time.Second, "execs running", func() bool {
 		return strings.Count(d.Log(), `"message":"exec accepted"`) >= n/2
 	})
 	r := cp.CLI(t, "daemon", "rotate-key", "rotor")
 	expectCode(t, r, 0)
-	harness.WaitFor(t, 30*time.Second, "the rotated key on disk", func() bool {
+	wait.For(t, 30*time.Second, "the rotated key on disk", func() bool {
 		k, err := identity.Load(id.KeyFile)
 		return err == nil && k.ID() != old.ID()
 	})
@@ -600,16 +616,12 @@ func TestIdentityRotationWhileExecsRun(t *testing.T) {
 // daemon keeps its old key, on disk and in use, and keeps working.
 func TestIdentityRotationKeysCallFails(t *testing.T) {
 	t.Parallel()
-	cp := tlsCP(t)
-	rec := startRecorder(t, cp)
-	id := newIdentityDir(t)
-	id.setToken(t, mintEnroll(t, cp))
-	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "stuck", ServerURL: rec.URL, WaitMaxS: 2, ExtraTOML: id.toml()})
+	cp, rec, id, d := startSigned(t, harness.DaemonOptions{Label: "stuck"})
 	before, _ := os.ReadFile(id.KeyFile)
 	old := id.key(t)
 	rec.failKeys.Store(true)
 	expectCode(t, cp.CLI(t, "daemon", "rotate-key", "stuck"), 0)
-	harness.WaitFor(t, 60*time.Second, "the rotation to give up", func() bool {
+	wait.For(t, 60*time.Second, "the rotation to give up", func() bool {
 		return strings.Contains(d.Log(), "key rotation failed: the old key stays in use and on disk")
 	})
 	after, _ := os.ReadFile(id.KeyFile)
@@ -639,7 +651,7 @@ func TestIdentityRotationKeysCallFails(t *testing.T) {
 	rec.failKeys.Store(false)
 	rec.loseKeys.Store(1)
 	expectCode(t, cp.CLI(t, "daemon", "rotate-key", "stuck"), 0)
-	harness.WaitFor(t, 30*time.Second, "the rotated key on disk", func() bool {
+	wait.For(t, 30*time.Second, "the rotated key on disk", func() bool {
 		k, err := identity.Load(id.KeyFile)
 		return err == nil && k.ID() != old.ID()
 	})
@@ -662,20 +674,14 @@ func TestIdentityRotationKeysCallFails(t *testing.T) {
 			t.Fatalf("keys %+v: want %s current and the old one revoked", keys, next.ID())
 		}
 	}
-	expectCode(t, cp.CLI(t, "daemon", "exec", "stuck", "true"), 0)
-	stopDaemon(t, d)
+	stillWorksThenStop(t, cp, d, "stuck")
 }
 
 // TestIdentityRevocation: after revoke-key the daemon's next poll is
 // refused.
 func TestIdentityRevocation(t *testing.T) {
 	t.Parallel()
-	cp := tlsCP(t)
-	rec := startRecorder(t, cp)
-	id := newIdentityDir(t)
-	id.setToken(t, mintEnroll(t, cp))
-	const waitMax = 2
-	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "revokee", ServerURL: rec.URL, WaitMaxS: waitMax, ExtraTOML: id.toml()})
+	cp, rec, id, d := startSigned(t, harness.DaemonOptions{Label: "revokee"})
 	key := id.key(t)
 	expectCode(t, cp.CLI(t, "daemon", "exec", "revokee", "true"), 0)
 
@@ -687,7 +693,7 @@ func TestIdentityRevocation(t *testing.T) {
 		t.Fatalf("revoke-key: %+v", rv)
 	}
 	var refusedAt time.Time
-	harness.WaitFor(t, 30*time.Second, "a refused poll", func() bool {
+	wait.For(t, 30*time.Second, "a refused poll", func() bool {
 		for _, p := range rec.all("/v1/daemon/poll") {
 			if p.At.After(revoked) && p.Status == http.StatusUnauthorized {
 				refusedAt = p.At
@@ -714,12 +720,7 @@ func TestIdentityRevocation(t *testing.T) {
 	}
 	// The refused daemon says hello again and, refused there too, exits
 	// with the reason rather than polling forever.
-	select {
-	case <-d.Done():
-	case <-time.After(60 * time.Second):
-		t.Fatal("the revoked daemon is still running")
-	}
-	if code := d.ExitCode(); code != 3 || !strings.Contains(d.Log(), "enroll_token") {
+	if code := waitExit(t, d, 60*time.Second); code != 3 || !strings.Contains(d.Log(), "enroll_token") {
 		t.Fatalf("revoked daemon exit code %d, log:\n%s", code, d.Log())
 	}
 
@@ -730,7 +731,7 @@ func TestIdentityRevocation(t *testing.T) {
 	}
 	id.setToken(t, mintEnroll(t, cp))
 	d.Start(d.Bin, nil)
-	harness.WaitFor(t, 30*time.Second, "the re-enrollment", func() bool {
+	wait.For(t, 30*time.Second, "the re-enrollment", func() bool {
 		return strings.Count(d.Log(), `"message":"identity key enrolled"`) == 2
 	})
 	fresh := id.key(t)
@@ -761,7 +762,7 @@ func TestIdentityRequireSignatures(t *testing.T) {
 	cp.Kill()
 	cp.Env = append(cp.Env, "LAKESHORE_REQUIRE_DAEMON_SIGNATURES=1")
 	cp.Restart()
-	harness.WaitFor(t, 30*time.Second, "the polling bearer-only daemon to be refused", func() bool {
+	wait.For(t, 30*time.Second, "the polling bearer-only daemon to be refused", func() bool {
 		return strings.Contains(cp.Log(), `"reason":"signature_required"`)
 	})
 	fresh := cp.StartDaemon(t, harness.DaemonOptions{Label: "bearer-late", NoWait: true})

@@ -22,6 +22,7 @@ import (
 	"nymph/lakeshore/remoteinstall"
 	"nymph/test/harness"
 	"nymph/test/realparts"
+	"nymph/test/wait"
 )
 
 // sshHost is a real OpenSSH server on loopback logged into as a dedicated
@@ -55,17 +56,9 @@ func startSSHHost(t *testing.T) *sshHost {
 	h := &sshHost{sshd: sshd, Alias: "install-box", User: "lsi" + hex.EncodeToString(b), Home: filepath.Join(base, "home")}
 	run := func(name string, args ...string) {
 		t.Helper()
-		// useradd and userdel refuse while another one holds the passwd
-		// lock; retry briefly.
-		var out []byte
-		var err error
-		for attempt := 0; attempt < 20; attempt++ {
-			if out, err = exec.Command(name, args...).CombinedOutput(); err == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
+		if out, err := underPasswdLock(name, args...); err != nil {
+			t.Fatalf("%s %v: %v: %s", name, args, err, out)
 		}
-		t.Fatalf("%s %v: %v: %s", name, args, err, out)
 	}
 	run(tools[0], "-m", "-d", h.Home, "-s", "/bin/sh", h.User)
 	t.Cleanup(func() {
@@ -73,15 +66,9 @@ func startSSHHost(t *testing.T) *sshHost {
 		// (or an sshd session) under the user until PID 1 reaps it, which
 		// makes a plain userdel refuse; -f removes the account regardless,
 		// and a short retry covers the passwd lock held by another test.
-		var out []byte
-		var err error
-		for attempt := 0; attempt < 20; attempt++ {
-			if out, err = exec.Command(tools[2], "-f", h.User).CombinedOutput(); err == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
+		if out, err := underPasswdLock(tools[2], "-f", h.User); err != nil {
+			t.Errorf("userdel %s: %v: %s", h.User, err, out)
 		}
-		t.Errorf("userdel %s: %v: %s", h.User, err, out)
 	})
 	// Without PAM, sshd refuses a user whose password is locked ("!").
 	run(tools[1], "-p", "*", h.User)
@@ -115,6 +102,17 @@ func startSSHHost(t *testing.T) *sshHost {
 		t.Fatalf("ssh %s id -un = %q, %v", h.Alias, out, err)
 	}
 	return h
+}
+
+// underPasswdLock runs a user tool (useradd, usermod, userdel), retrying
+// for about two seconds: each refuses while another holds the passwd lock,
+// and nothing tells when that lock is let go.
+func underPasswdLock(name string, args ...string) (out []byte, err error) {
+	wait.Until(2*time.Second, func() bool {
+		out, err = exec.Command(name, args...).CombinedOutput()
+		return err == nil
+	})
+	return out, err
 }
 
 // ssh runs a command on the host as its user.
@@ -154,11 +152,7 @@ func (h *sshHost) stop(t *testing.T, res cli.InstallResult) {
 		if out, err := h.ssh(t, "kill $(cat "+remoteinstall.Quote(l.PIDFile())+")"); err != nil {
 			t.Logf("ssh kill: %v: %s", err, out)
 		}
-		end := time.Now().Add(40 * time.Second)
-		for processAlive(pid) && time.Now().Before(end) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if processAlive(pid) {
+		if !wait.Until(40*time.Second, func() bool { return !processAlive(pid) }) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			t.Errorf("nymph %d ignored SIGTERM; killed", pid)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"nymph/lakeshore/operatorapi"
 	"nymph/test/harness"
+	"nymph/test/wait"
 )
 
 type execEnvelope struct {
@@ -153,7 +154,7 @@ func TestQueueRouting(t *testing.T) {
 	cp.StartDaemon(t, harness.DaemonOptions{Label: "cpu-1", Queue: "cpu"})
 	gpu := cp.WaitForWorker(t, "gpu-1")
 	// A worker's queue is known once it has polled.
-	harness.WaitFor(t, 30*time.Second, "gpu-1 to poll queue gpu", func() bool {
+	wait.For(t, 30*time.Second, "gpu-1 to poll queue gpu", func() bool {
 		for _, w := range cp.Workers(t) {
 			if w.Label == "gpu-1" && w.PollQueue == "gpu" {
 				return true
@@ -192,11 +193,11 @@ func TestSetupHibernateResetCancel(t *testing.T) {
 	if q.Kind != "setup" || q.CommandID == "" {
 		t.Fatalf("setup --json: %+v", q)
 	}
-	harness.WaitFor(t, 30*time.Second, "setup script to run", func() bool {
+	wait.For(t, 30*time.Second, "setup script to run", func() bool {
 		b, _ := os.ReadFile(marker)
 		return strings.Contains(string(b), "ran as")
 	})
-	harness.WaitFor(t, 30*time.Second, "worker to be active after setup", func() bool {
+	wait.For(t, 30*time.Second, "worker to be active after setup", func() bool {
 		w := mustJSON[operatorapi.Worker](t, cp.CLI(t, "daemon", "show", "worker", "--json"))
 		return w.State == operatorapi.StateActive && w.SetupPending == 0
 	})
@@ -225,13 +226,13 @@ func TestSetupHibernateResetCancel(t *testing.T) {
 
 	// Cancel a running exec without stopping the daemon.
 	acc := startExec(t, cp, "worker", "sleep 60")
-	harness.WaitFor(t, 30*time.Second, "exec to start", func() bool {
+	wait.For(t, 30*time.Second, "exec to start", func() bool {
 		var e operatorapi.Exec
 		return cp.GetJSON("/v1/namespaces/default/execs/"+acc.ExecID, &e) == nil && e.State == operatorapi.ExecRunning
 	})
 	expectCode(t, cp.CLI(t, "daemon", "cancel", "worker", "--exec", acc.ExecID), 0)
 	var e operatorapi.Exec
-	harness.WaitFor(t, 30*time.Second, "cancelled exec to finish", func() bool {
+	wait.For(t, 30*time.Second, "cancelled exec to finish", func() bool {
 		return cp.GetJSON("/v1/namespaces/default/execs/"+acc.ExecID, &e) == nil && e.State == operatorapi.ExecFinished
 	})
 	if e.Result.ExitCode != -1 {
@@ -250,14 +251,14 @@ func TestKillCleanupAndStale(t *testing.T) {
 	// Stale is derived: stop a daemon and it reads back stale once its
 	// lastSeenAt is older than the window, without anything being stored.
 	a.Kill()
-	harness.WaitFor(t, 30*time.Second, "fleet-a to read back stale", func() bool {
+	wait.For(t, 30*time.Second, "fleet-a to read back stale", func() bool {
 		w := mustJSON[operatorapi.Worker](t, cp.CLI(t, "daemon", "show", "fleet-a", "--json"))
 		return w.State == operatorapi.StateStale && w.StoredState == operatorapi.StateActive
 	})
 
 	// The live daemons poll every second; fleet-a has been silent for a
 	// while. A 5 s threshold separates them with room for a loaded machine.
-	harness.WaitFor(t, 30*time.Second, "fleet-a silent for 6 s", func() bool {
+	wait.For(t, 30*time.Second, "fleet-a silent for 6 s", func() bool {
 		w := mustJSON[operatorapi.Worker](t, cp.CLI(t, "daemon", "show", "fleet-a", "--json"))
 		return time.Since(w.LastSeenAt) > 6*time.Second
 	})
@@ -328,12 +329,7 @@ func TestLocalStatusStopAndCompletion(t *testing.T) {
 	}
 	// Stop only our own daemon: other tests' daemons run on this machine too.
 	expectCode(t, cp.CLI(t, "daemon", "stop", "--timeout", "30", fmt.Sprint(d.PID())), 0)
-	select {
-	case <-d.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("nymph still running after daemon stop")
-	}
-	if code := d.ExitCode(); code != 0 {
+	if code := waitExit(t, d, 30*time.Second); code != 0 {
 		t.Fatalf("nymph exit code after SIGTERM: %d\n%s", code, d.Log())
 	}
 

@@ -22,6 +22,7 @@ import (
 	"nymph/messages"
 	"nymph/test/fakecp"
 	"nymph/test/harness"
+	"nymph/test/wait"
 )
 
 // v2Version is the version of the second nymph build; the first is
@@ -107,7 +108,7 @@ func daemonVersion(t *testing.T, cp *harness.ControlPlane, label string) string 
 
 func waitVersion(t *testing.T, cp *harness.ControlPlane, label, version string) {
 	t.Helper()
-	harness.WaitFor(t, 60*time.Second, label+" to say hello as "+version, func() bool {
+	wait.For(t, 60*time.Second, label+" to say hello as "+version, func() bool {
 		return daemonVersion(t, cp, label) == version
 	})
 }
@@ -182,7 +183,7 @@ func TestOTAUpdateSameProcessDrainsExec(t *testing.T) {
 	dir := t.TempDir()
 	started, gate := filepath.Join(dir, "started"), filepath.Join(dir, "gate")
 	long := startExec(t, cp, "ota-one", fmt.Sprintf(`touch %s; while [ ! -e %s ]; do sleep 0.02; done; echo survived`, started, gate))
-	harness.WaitFor(t, 30*time.Second, "the long exec to start", func() bool { _, err := os.Stat(started); return err == nil })
+	wait.For(t, 30*time.Second, "the long exec to start", func() bool { _, err := os.Stat(started); return err == nil })
 
 	r := cp.CLI(t, "daemon", "update", "ota-one", "--version", v2Version, "--json")
 	expectCode(t, r, 0)
@@ -190,7 +191,7 @@ func TestOTAUpdateSameProcessDrainsExec(t *testing.T) {
 	if q.SHA256 != sha(v2) || !strings.Contains(q.URL, "/v1/releases/"+v2Version+"/") {
 		t.Fatalf("queued update %+v, want the published release (sha256 %s)", q, sha(v2))
 	}
-	harness.WaitFor(t, 60*time.Second, "the daemon to install and start draining", func() bool { return countLog(d, msgDrain) >= 1 })
+	wait.For(t, 60*time.Second, "the daemon to install and start draining", func() bool { return countLog(d, msgDrain) >= 1 })
 	// Installed on disk, still the old image, the exec still running.
 	var e operatorapi.Exec
 	if err := cp.GetJSON("/v1/namespaces/default/execs/"+long.ExecID, &e); err != nil || e.State == operatorapi.ExecFinished {
@@ -199,7 +200,7 @@ func TestOTAUpdateSameProcessDrainsExec(t *testing.T) {
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	harness.WaitFor(t, 60*time.Second, "the long exec's result", func() bool {
+	wait.For(t, 60*time.Second, "the long exec's result", func() bool {
 		return cp.GetJSON("/v1/namespaces/default/execs/"+long.ExecID, &e) == nil && e.State == operatorapi.ExecFinished
 	})
 	if e.Result == nil || e.Result.ExitCode != 0 || e.Result.Stdout != "survived\n" {
@@ -245,7 +246,7 @@ func TestOTAFailuresKeepOldBinary(t *testing.T) {
 	expectFailure := func(step, reason string) {
 		t.Helper()
 		failures++
-		harness.WaitFor(t, 60*time.Second, step+" to fail", func() bool { return countLog(d, msgFailed) >= failures })
+		wait.For(t, 60*time.Second, step+" to fail", func() bool { return countLog(d, msgFailed) >= failures })
 		if !strings.Contains(d.Log(), reason) {
 			t.Fatalf("%s: the log does not say %q:\n%s", step, reason, d.Log())
 		}
@@ -429,7 +430,7 @@ func TestOTAFanOut(t *testing.T) {
 	for label, h := range hosts {
 		assertImage(t, h.d, h.pid, h.bin, v2)
 		if label != "solo" {
-			harness.WaitFor(t, 60*time.Second, label+" to skip the update it already runs", func() bool {
+			wait.For(t, 60*time.Second, label+" to skip the update it already runs", func() bool {
 				return countLog(h.d, "update skipped: this binary is already running") >= 1
 			})
 		}
@@ -467,7 +468,7 @@ func TestOTAAutoUpdate(t *testing.T) {
 	expectCode(t, r, 0)
 	since = time.Now()
 	polls := len(proxy.Requests("/v1/daemon/poll", since))
-	harness.WaitFor(t, 60*time.Second, "a few intervals of polls", func() bool {
+	wait.For(t, 60*time.Second, "a few intervals of polls", func() bool {
 		return len(proxy.Requests("/v1/daemon/poll", since)) >= polls+12
 	})
 	elapsed := time.Since(since)

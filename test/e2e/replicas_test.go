@@ -17,6 +17,7 @@ import (
 	"nymph/lakeshore/operatorapi"
 	"nymph/test/harness"
 	"nymph/test/realparts"
+	"nymph/test/wait"
 )
 
 // startReplica starts a second `lakeshore serve` on the same PostgreSQL as
@@ -53,7 +54,7 @@ func startReplica(t testing.TB, primary *harness.ControlPlane, dsn string) (*har
 		<-done
 	}
 	t.Cleanup(kill)
-	harness.WaitFor(t, 30*time.Second, "the replica to answer", func() bool {
+	wait.For(t, 30*time.Second, "the replica to answer", func() bool {
 		select {
 		case <-done:
 			b, _ := os.ReadFile(logPath)
@@ -149,7 +150,7 @@ func TestReplicasShareOnePostgres(t *testing.T) {
 
 	const bound = 10 * time.Second
 	for i := range 3 {
-		harness.WaitFor(t, 30*time.Second, "the daemon's poll to be in flight at A", func() bool { return proxy.inPoll.Load() > 0 })
+		wait.For(t, 30*time.Second, "the daemon's poll to be in flight at A", func() bool { return proxy.inPoll.Load() > 0 })
 		if took := execThrough(t, b, "shared"); took > bound {
 			t.Fatalf("exec %d through B took %v: the poll parked on A was not woken", i, took)
 		} else {
@@ -159,7 +160,7 @@ func TestReplicasShareOnePostgres(t *testing.T) {
 
 	// An invocation submitted through B is claimed by the daemon polling A,
 	// and its result reaches the `run` waiting on B.
-	harness.WaitFor(t, 30*time.Second, "the daemon's poll to be in flight at A", func() bool { return proxy.inPoll.Load() > 0 })
+	wait.For(t, 30*time.Second, "the daemon's poll to be in flight at A", func() bool { return proxy.inPoll.Load() > 0 })
 	start := time.Now()
 	r := b.CLI(t, "run", "--runner", "echo", "--args-json", `["through", "b"]`, "m:f")
 	expectCode(t, r, 0)
@@ -171,7 +172,7 @@ func TestReplicasShareOnePostgres(t *testing.T) {
 	// still points at A.
 	failed := proxy.pollErr.Load()
 	a.Kill()
-	harness.WaitFor(t, 30*time.Second, "the daemon's polls to fail with A gone", func() bool { return proxy.pollErr.Load() >= failed+2 })
+	wait.For(t, 30*time.Second, "the daemon's polls to fail with A gone", func() bool { return proxy.pollErr.Load() >= failed+2 })
 
 	// The proxy fails over to B; the daemon's next poll reaches it, and B
 	// serves it from the shared state without a new registration.

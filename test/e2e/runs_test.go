@@ -15,10 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"nymph/daemon/orphans"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
 	"nymph/test/harness"
 	"nymph/test/realparts"
+	"nymph/test/wait"
 )
 
 // Function runs end to end: `lakeshore run` through a real control plane
@@ -42,37 +44,11 @@ func randBytes(t *testing.T, n int) []byte {
 	return b
 }
 
-// withMark lists the live (non-zombie) processes whose environment holds
-// key=value.
-func withMark(key, value string) []int {
-	needle := []byte(key + "=" + value + "\x00")
-	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, needle) {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
-		}
-		out = append(out, pid)
-	}
-	return out
-}
-
 // killMarked kills what a test deliberately orphaned (a run whose daemon
 // was SIGKILLed).
 func killMarked(key, value string) {
-	for _, pid := range withMark(key, value) {
+	pids, _ := orphans.WithEnv("/proc", key+"="+value)
+	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
@@ -117,7 +93,7 @@ func showInv(t *testing.T, cp *harness.ControlPlane, id string) operatorapi.Invo
 func waitInvState(t *testing.T, cp *harness.ControlPlane, id, state string, within time.Duration) operatorapi.Invocation {
 	t.Helper()
 	var inv operatorapi.Invocation
-	harness.WaitFor(t, within, "invocation "+id+" to be "+state, func() bool {
+	wait.For(t, within, "invocation "+id+" to be "+state, func() bool {
 		if err := cp.GetJSON("/v1/namespaces/default/invocations/"+id, &inv); err != nil {
 			return false
 		}
@@ -332,7 +308,10 @@ func TestRunDaemonKilledMidRun(t *testing.T) {
 	id := submitInv(t, cp, "--runner", "process", "--env", key+"="+value, "--script",
 		writeTemp(t, "long.sh", []byte("echo started; sleep 60")))
 	waitInvState(t, cp, id, operatorapi.InvocationRunning, 30*time.Second)
-	harness.WaitFor(t, 30*time.Second, "the run's process", func() bool { return len(withMark(key, value)) > 0 })
+	wait.For(t, 30*time.Second, "the run's process", func() bool {
+		pids, err := orphans.WithEnv("/proc", key+"="+value)
+		return err == nil && len(pids) > 0
+	})
 	d.Kill()
 	start := time.Now()
 	inv := waitInvState(t, cp, id, operatorapi.InvocationFailed, 60*time.Second)
@@ -371,11 +350,15 @@ func TestRunSIGTERMCancels(t *testing.T) {
 	for _, id := range []string{procID, dockID} {
 		waitInvState(t, cp, id, operatorapi.InvocationRunning, 60*time.Second)
 	}
-	harness.WaitFor(t, 60*time.Second, "the container and the process to run", func() bool {
-		return strings.Contains(psNames(), container) && len(withMark(key, value)) >= 2
+	wait.For(t, 60*time.Second, "the container and the process to run", func() bool {
+		if !strings.Contains(psNames(), container) {
+			return false
+		}
+		pids, err := orphans.WithEnv("/proc", key+"="+value)
+		return err == nil && len(pids) >= 2
 	})
 	for _, id := range []string{procID, dockID} {
-		harness.WaitFor(t, 30*time.Second, "the output of "+id+" in its stdout tail", func() bool {
+		wait.For(t, 30*time.Second, "the output of "+id+" in its stdout tail", func() bool {
 			tail := showInv(t, cp, id).StdoutTail
 			if len(tail) > 4096 {
 				t.Fatalf("stdout tail of %d bytes, want at most 4 KiB", len(tail))
@@ -388,12 +371,7 @@ func TestRunSIGTERMCancels(t *testing.T) {
 	}
 
 	d.Signal(syscall.SIGTERM)
-	select {
-	case <-d.Done():
-	case <-time.After(60 * time.Second):
-		t.Fatalf("nymph did not exit after SIGTERM:\n%s", d.Log())
-	}
-	if code := d.ExitCode(); code != 0 {
+	if code := waitExit(t, d, 60*time.Second); code != 0 {
 		t.Fatalf("nymph exit %d", code)
 	}
 	for _, id := range []string{procID, dockID} {
@@ -402,8 +380,8 @@ func TestRunSIGTERMCancels(t *testing.T) {
 			t.Fatalf("%s: %+v", id, inv.Error)
 		}
 	}
-	if pids := withMark(key, value); len(pids) != 0 {
-		t.Fatalf("processes left after the shutdown: %v", pids)
+	if pids, err := orphans.WithEnv("/proc", key+"="+value); err != nil || len(pids) != 0 {
+		t.Fatalf("processes left after the shutdown: %v %v", pids, err)
 	}
 	if names := psNames(); strings.Contains(names, container) {
 		t.Fatalf("container left after the shutdown: %s", names)

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"nymph/lakeshore/operatorapi"
+	"nymph/test/wait"
 )
 
 // Version is what the binaries built by Binaries report.
@@ -185,7 +186,7 @@ func (cp *ControlPlane) start(extra []string) {
 	cp.done = done
 	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
 	t.Cleanup(func() { cp.Kill() })
-	WaitFor(t, 30*time.Second, "control plane to answer", func() bool {
+	wait.For(t, 30*time.Second, "control plane to answer", func() bool {
 		select {
 		case <-done:
 			t.Fatalf("lakeshore serve exited early:\n%s", cp.Log())
@@ -509,7 +510,7 @@ func (d *Daemon) Kill() {
 func (cp *ControlPlane) WaitForWorker(t testing.TB, label string) operatorapi.Worker {
 	t.Helper()
 	var found operatorapi.Worker
-	WaitFor(t, 30*time.Second, "worker "+label+" to register", func() bool {
+	wait.For(t, 30*time.Second, "worker "+label+" to register", func() bool {
 		var list operatorapi.WorkerList
 		if err := cp.GetJSON("/v1/namespaces/default/workers", &list); err != nil {
 			return false
@@ -523,20 +524,6 @@ func (cp *ControlPlane) WaitForWorker(t testing.TB, label string) operatorapi.Wo
 		return false
 	})
 	return found
-}
-
-// WaitFor polls cond until it holds or the deadline passes. It is for
-// conditions observed across process boundaries, where no event can be
-// subscribed to; the poll interval is short and the deadline generous.
-func WaitFor(t testing.TB, deadline time.Duration, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %v waiting for %s", deadline, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func tomlList(xs []string) string {

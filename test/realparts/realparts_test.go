@@ -12,14 +12,21 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-func TestStartSSHD(t *testing.T) {
+// timed starts a part with start and logs how long that took, then gives
+// the test a context that ends after timeout.
+func timed[T any](t *testing.T, name string, start func(testing.TB) T, timeout time.Duration) (T, context.Context) {
+	t.Helper()
 	t.Parallel()
-	start := time.Now()
-	s := StartSSHD(t)
-	t.Logf("StartSSHD took %s", time.Since(start))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	t0 := time.Now()
+	part := start(t)
+	t.Logf("%s took %s", name, time.Since(t0))
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	return part, ctx
+}
 
+func TestStartSSHD(t *testing.T) {
+	s, ctx := timed(t, "StartSSHD", StartSSHD, 30*time.Second)
 	if out, err := s.Command(ctx, "true").CombinedOutput(); err != nil {
 		t.Fatalf("ssh true: %v: %s", err, out)
 	}
@@ -38,13 +45,7 @@ func TestStartSSHD(t *testing.T) {
 }
 
 func TestStartSlurm(t *testing.T) {
-	t.Parallel()
-	start := time.Now()
-	s := StartSlurm(t)
-	t.Logf("StartSlurm took %s", time.Since(start))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-
+	s, ctx := timed(t, "StartSlurm", StartSlurm, 60*time.Second)
 	t0 := time.Now()
 	out, err := s.Command(ctx, "srun", "hostname").CombinedOutput()
 	if err != nil {
@@ -61,13 +62,7 @@ func TestStartSlurm(t *testing.T) {
 }
 
 func TestStartPostgres(t *testing.T) {
-	t.Parallel()
-	start := time.Now()
-	p := StartPostgres(t)
-	t.Logf("StartPostgres took %s", time.Since(start))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-
+	p, ctx := timed(t, "StartPostgres", StartPostgres, 30*time.Second)
 	out, err := p.Psql(ctx, "-At", "-c", "SELECT 1").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "1" {
 		t.Fatalf("psql SELECT 1: %q, %v", out, err)
@@ -84,12 +79,8 @@ func TestStartPostgres(t *testing.T) {
 }
 
 func TestPodmanImage(t *testing.T) {
-	t.Parallel()
-	start := time.Now()
-	image := PodmanImage(t)
-	t.Logf("PodmanImage took %s: %s", time.Since(start), image)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	image, ctx := timed(t, "PodmanImage", PodmanImage, 60*time.Second)
+	t.Logf("image %s", image)
 
 	args := append(PodmanArgs(), "--rm", image, "echo", "hello from podman")
 	out, err := exec.CommandContext(ctx, "podman", args...).CombinedOutput()
@@ -99,13 +90,7 @@ func TestPodmanImage(t *testing.T) {
 }
 
 func TestRunsc(t *testing.T) {
-	t.Parallel()
-	start := time.Now()
-	runsc := Runsc(t)
-	t.Logf("Runsc took %s", time.Since(start))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-
+	runsc, ctx := timed(t, "Runsc", Runsc, 60*time.Second)
 	out, err := exec.CommandContext(ctx, runsc, "--network=none", "do", "/bin/echo", "hello from gvisor").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "hello from gvisor" {
 		t.Fatalf("runsc do echo: %q, %v", out, err)
