@@ -25,17 +25,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/messages"
+	"nymph/test/realparts"
 )
-
-// unavailable skips on a laptop and fails under CI, where every real
-// component must be present.
-func unavailable(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format+" (CI=true: must not skip)", args...)
-	}
-	t.Skipf(format, args...)
-}
 
 func testLogger(t *testing.T) zerolog.Logger {
 	return zerolog.New(zerolog.NewTestWriter(t))
@@ -251,10 +242,10 @@ func TestInstallUnwritableDirectory(t *testing.T) {
 	if os.Geteuid() == 0 {
 		chattr, err := exec.LookPath("chattr")
 		if err != nil {
-			unavailable(t, "chattr not found; it is the way to make a directory unwritable for root")
+			realparts.Unavailable(t, "chattr not found; it is the way to make a directory unwritable for root")
 		}
 		if out, err := exec.Command(chattr, "+i", dir).CombinedOutput(); err != nil {
-			unavailable(t, "chattr +i %s: %v: %s", dir, err, out)
+			realparts.Unavailable(t, "chattr +i %s: %v: %s", dir, err, out)
 		}
 		t.Cleanup(func() {
 			if out, err := exec.Command(chattr, "-i", dir).CombinedOutput(); err != nil {
@@ -294,11 +285,11 @@ func TestInstallReadOnlyFilesystem(t *testing.T) {
 		return
 	}
 	if os.Geteuid() != 0 {
-		unavailable(t, "a private mount namespace needs root (uid %d)", os.Geteuid())
+		realparts.Unavailable(t, "a private mount namespace needs root (uid %d)", os.Geteuid())
 	}
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
-		unavailable(t, "unshare not found")
+		realparts.Unavailable(t, "unshare not found")
 	}
 	newBin := fakeELF(t, 64<<10)
 	srv := newBinServer(t, newBin)
@@ -313,7 +304,7 @@ func TestInstallReadOnlyFilesystem(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		if bytes.Contains(out, []byte("mount")) && !bytes.Contains(out, []byte("--- ")) {
-			unavailable(t, "cannot make a read-only bind mount here: %v: %s", err, out)
+			realparts.Unavailable(t, "cannot make a read-only bind mount here: %v: %s", err, out)
 		}
 		t.Fatalf("child: %v\n%s", err, out)
 	}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"nymph/test/realparts"
 )
 
 // buildSelfUpdate compiles testdata/selfupdate stamped with version (and any
@@ -23,7 +25,7 @@ func buildSelfUpdate(t *testing.T, dir, name, ldflags string) string {
 	if err != nil {
 		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 		if _, statErr := os.Stat(goBin); statErr != nil {
-			unavailable(t, "go toolchain not found to build the self-update program: %v", err)
+			realparts.Unavailable(t, "go toolchain not found to build the self-update program: %v", err)
 		}
 	}
 	out := filepath.Join(dir, name)

@@ -18,15 +18,8 @@ import (
 	"testing"
 
 	"nymph/dist"
+	"nymph/test/realparts"
 )
-
-func unavailable(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf(format+" (CI=true: must not skip)", args...)
-	}
-	t.Skipf(format, args...)
-}
 
 func randomBytes(t *testing.T, n int) []byte {
 	t.Helper()
@@ -175,7 +168,7 @@ func TestSidecarIsSha256sumFormat(t *testing.T) {
 	}
 	sha256sum, err := exec.LookPath("sha256sum")
 	if err != nil {
-		unavailable(t, "sha256sum not found")
+		realparts.Unavailable(t, "sha256sum not found")
 	}
 	cmd := exec.Command(sha256sum, "-c", filepath.Base(rel.Path)+".sha256")
 	cmd.Dir = filepath.Dir(rel.Path)

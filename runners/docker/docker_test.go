@@ -87,17 +87,6 @@ func TestCancelRemovesContainer(t *testing.T) {
 	}
 }
 
-// podman runs a podman subcommand with the flags that work here and
-// returns its trimmed output.
-func podman(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := exec.Command("podman", append(realparts.PodmanGlobalArgs(), args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
 	image := realparts.PodmanImage(t)
 	stamp := strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -118,7 +107,7 @@ func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
 	run := runnertest.StartOwned(t, r, marker, runners.Spec{
 		InvocationID: id, Script: "sleep 1000\n", Image: image, ScratchDir: t.TempDir(),
 	})
-	created := podman(t, "create", "--label", docker.OwnerLabel+"="+marker, image, "true")
+	created := realparts.Podman(t, "create", "--label", docker.OwnerLabel+"="+marker, image, "true")
 
 	// Containers of another daemon, and of no daemon at all.
 	var others []string
@@ -127,11 +116,11 @@ func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
 		_ = exec.Command("podman", append(args, others...)...).Run()
 	})
 	runArgs := append([]string{"run", "-d"}, realparts.PodmanRunArgs()...)
-	others = append(others, podman(t, append(runArgs, "--label", docker.OwnerLabel+"="+marker+"-other", image, "sleep", "1000")...))
-	others = append(others, podman(t, append(runArgs, image, "sleep", "1000")...))
+	others = append(others, realparts.Podman(t, append(runArgs, "--label", docker.OwnerLabel+"="+marker+"-other", image, "sleep", "1000")...))
+	others = append(others, realparts.Podman(t, append(runArgs, image, "sleep", "1000")...))
 
 	wait.For(t, time.Minute, "invocation container running", func() bool {
-		return podman(t, "ps", "-q", "--filter", owned, "--filter", "name="+name) != ""
+		return realparts.Podman(t, "ps", "-q", "--filter", owned, "--filter", "name="+name) != ""
 	})
 	clients, err := procgroup.WithCmdline("run\x00--rm\x00-i\x00--name\x00" + name + "\x00")
 	if err != nil || len(clients) == 0 {
@@ -144,7 +133,7 @@ func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
 	if runErr != nil || out.State == messages.StateSucceeded {
 		t.Fatalf("run whose CLI was killed: outcome %+v error %v", out, runErr)
 	}
-	if state := podman(t, "container", "inspect", "--format", "{{.State.Status}}", name); state != "running" {
+	if state := realparts.Podman(t, "container", "inspect", "--format", "{{.State.Status}}", name); state != "running" {
 		t.Fatalf("container %s is %q once its CLI is gone, want running (the leftover this test is about)", name, state)
 	}
 
@@ -155,7 +144,7 @@ func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
 	if n != 2 {
 		t.Fatalf("removed %d containers, want 2", n)
 	}
-	if left := podman(t, "ps", "-a", "-q", "--filter", owned); left != "" {
+	if left := realparts.Podman(t, "ps", "-a", "-q", "--filter", owned); left != "" {
 		t.Fatalf("containers labelled %s left: %s", marker, left)
 	}
 	for _, c := range []string{name, created} {
@@ -164,7 +153,7 @@ func TestReapLeftoversRemovesOnlyOwnContainers(t *testing.T) {
 		}
 	}
 	for _, c := range others {
-		if state := podman(t, "container", "inspect", "--format", "{{.State.Status}}", c); state != "running" {
+		if state := realparts.Podman(t, "container", "inspect", "--format", "{{.State.Status}}", c); state != "running" {
 			t.Fatalf("container %s of another owner is %q, want running", c, state)
 		}
 	}

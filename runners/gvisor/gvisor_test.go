@@ -93,17 +93,6 @@ func TestImageWithoutContainerRunner(t *testing.T) {
 	}
 }
 
-// podman runs a podman subcommand with the flags that work here and
-// returns its trimmed output.
-func podman(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := exec.Command("podman", append(realparts.PodmanGlobalArgs(), args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 func TestReapLeftoversRemovesOwnImageContainers(t *testing.T) {
 	runsc := realparts.Runsc(t)
 	image := realparts.PodmanImage(t)
@@ -117,7 +106,7 @@ func TestReapLeftoversRemovesOwnImageContainers(t *testing.T) {
 		InvocationID: id, Script: "sleep 1000\n", Image: image, ScratchDir: t.TempDir(),
 	})
 	// Another daemon's container (runc is enough to prove it is spared).
-	other := podman(t, append(append([]string{"run", "-d"}, realparts.PodmanRunArgs()...),
+	other := realparts.Podman(t, append(append([]string{"run", "-d"}, realparts.PodmanRunArgs()...),
 		"--label", docker.OwnerLabel+"="+marker+"-other", image, "sleep", "1000")...)
 	t.Cleanup(func() {
 		_ = exec.Command("podman", append(realparts.PodmanGlobalArgs(), "rm", "-f", "-t", "0", other)...).Run()
@@ -125,7 +114,7 @@ func TestReapLeftoversRemovesOwnImageContainers(t *testing.T) {
 
 	owned := "label=" + docker.OwnerLabel + "=" + marker
 	wait.For(t, time.Minute, "container "+name+" labelled "+marker+" running", func() bool {
-		return podman(t, "ps", "-q", "--filter", owned, "--filter", "name="+name) != ""
+		return realparts.Podman(t, "ps", "-q", "--filter", owned, "--filter", "name="+name) != ""
 	})
 	n, err := r.ReapLeftovers(context.Background(), marker)
 	if err != nil {
@@ -138,10 +127,10 @@ func TestReapLeftoversRemovesOwnImageContainers(t *testing.T) {
 	if runErr != nil || out.State == messages.StateSucceeded {
 		t.Fatalf("run of a removed container: outcome %+v error %v", out, runErr)
 	}
-	if left := podman(t, "ps", "-a", "-q", "--filter", owned); left != "" {
+	if left := realparts.Podman(t, "ps", "-a", "-q", "--filter", owned); left != "" {
 		t.Fatalf("containers labelled %s left: %s", marker, left)
 	}
-	if state := podman(t, "container", "inspect", "--format", "{{.State.Status}}", other); state != "running" {
+	if state := realparts.Podman(t, "container", "inspect", "--format", "{{.State.Status}}", other); state != "running" {
 		t.Fatalf("container %s of another owner is %q, want running", other, state)
 	}
 }

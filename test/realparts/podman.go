@@ -180,3 +180,14 @@ func lockFile(path string) (func(), error) {
 		f.Close()
 	}, nil
 }
+
+// Podman runs a podman subcommand with the flags that work here and returns
+// its trimmed output; a failure fails t.
+func Podman(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("podman", append(PodmanGlobalArgs(), args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}

@@ -54,12 +54,12 @@ func StartPostgres(t testing.TB) *Postgres {
 		}
 	}
 	if binDir == "" {
-		unavailable(t, "PostgreSQL server binaries not found in %v", pgBinDirs)
+		Unavailable(t, "PostgreSQL server binaries not found in %v", pgBinDirs)
 		return nil
 	}
 	pgUser, err := user.Lookup("postgres")
 	if err != nil {
-		unavailable(t, "postgres OS user: %v", err)
+		Unavailable(t, "postgres OS user: %v", err)
 		return nil
 	}
 	uid, _ := strconv.Atoi(pgUser.Uid)

@@ -17,8 +17,8 @@ var extraToolDirs = []string{"/usr/local/sbin", "/usr/sbin", "/sbin"}
 // component is a failure instead of a skip.
 func InCI() bool { return os.Getenv("CI") == "true" }
 
-// unavailable skips the test on a developer machine and fails it under CI.
-func unavailable(t testing.TB, format string, args ...any) {
+// Unavailable skips the test on a developer machine and fails it under CI.
+func Unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	if InCI() {
@@ -44,7 +44,7 @@ func RequireTool(t testing.TB, names ...string) []string {
 		paths = append(paths, p)
 	}
 	if len(missing) > 0 {
-		unavailable(t, "required tools not found: %v", missing)
+		Unavailable(t, "required tools not found: %v", missing)
 	}
 	return paths
 }
@@ -54,7 +54,7 @@ func RequireTool(t testing.TB, names ...string) []string {
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		unavailable(t, "test needs root (uid %d)", os.Geteuid())
+		Unavailable(t, "test needs root (uid %d)", os.Geteuid())
 	}
 }
 
