@@ -2,7 +2,6 @@ package cli_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"nymph/lakeshore/cli"
 	"nymph/lakeshore/operatorapi"
@@ -133,21 +131,7 @@ func TestServeEndToEnd(t *testing.T) {
 		cli.EnvDaemonToken: "shared-daemon-token",
 		"HOME":             dir,
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ready := &lineSignal{needle: "generated admin token", ch: make(chan struct{})}
-	served := make(chan result, 1)
-	go func() {
-		served <- runCLI(t, runOpts{ctx: ctx, stdout: ready}, env,
-			"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data"), "--log-format", "json")
-	}()
-	select {
-	case <-ready.ch:
-	case r := <-served:
-		t.Fatalf("serve exited early: %+v", r)
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve printed no admin token")
-	}
+	ready, stop := startServe(t, env, "--data", filepath.Join(dir, "data"), "--log-format", "json")
 
 	st, err := os.Stat(creds)
 	if err != nil || st.Mode().Perm() != 0o600 {
@@ -195,13 +179,5 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("cleanup 0: %+v", r)
 	}
 
-	cancel()
-	select {
-	case r := <-served:
-		if r.code != 0 {
-			t.Fatalf("serve stopped with %+v", r)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop on cancel")
-	}
+	stop()
 }
