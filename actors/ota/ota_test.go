@@ -29,6 +29,7 @@ import (
 	"nymph/messages"
 	"nymph/runners"
 	"nymph/runners/process"
+	"nymph/test/fakeclock"
 	"nymph/test/fakecp"
 	"nymph/test/wait"
 )
@@ -456,7 +457,7 @@ func TestAutoUpdateConverges(t *testing.T) {
 	t.Cleanup(rel.Close)
 
 	exe, _ := privateExe(t)
-	clock := newClock()
+	clock := fakeclock.New(time.Unix(1_700_000_000, 0))
 	r := newRig(t, realUpdater(t, exe), func(d *ota.Deps) {
 		d.AutoUpdate, d.CheckInterval, d.ServerURL, d.Now = true, time.Minute, rel.URL, clock.Now
 		d.Checksum = func(ctx context.Context, u string) (string, error) { return dist.FetchChecksum(ctx, nil, u) }
@@ -479,7 +480,7 @@ func TestAutoUpdateDoesNotLoop(t *testing.T) {
 	exe, old := privateExe(t)
 	inst := &fakeInstaller{exe: exe, selfExec: true}
 	var checks atomic.Int32
-	clock := newClock()
+	clock := fakeclock.New(time.Unix(1_700_000_000, 0))
 	r := newRig(t, inst, func(d *ota.Deps) {
 		d.AutoUpdate, d.CheckInterval, d.ServerURL, d.Now = true, time.Minute, "http://cp.invalid", clock.Now
 		d.Checksum = func(_ context.Context, u string) (string, error) {
@@ -513,23 +514,4 @@ func TestAutoUpdateDoesNotLoop(t *testing.T) {
 	}
 	assertUnchanged(t, exe, old)
 	r.stillServing("after-auto")
-}
-
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock() *clock { return &clock{now: time.Unix(1_700_000_000, 0)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
 }

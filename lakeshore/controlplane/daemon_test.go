@@ -161,7 +161,7 @@ func TestDaemonAuth(t *testing.T) {
 	if r := e.daemonAs(short.Token, "/v1/daemon/hello", helloReq("m", "l")); r.status != http.StatusOK {
 		t.Fatalf("fresh token: %d", r.status)
 	}
-	e.clock.Add(61 * time.Second)
+	e.clock.Advance(61 * time.Second)
 	if r := e.daemonAs(short.Token, "/v1/daemon/hello", helloReq("m", "l")); r.status != http.StatusUnauthorized {
 		t.Fatalf("expired token: %d", r.status)
 	}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,25 +21,10 @@ import (
 	"nymph/lakeshore/store"
 	"nymph/lakeshore/store/sqlite"
 	"nymph/messages"
+	"nymph/test/fakeclock"
 )
 
 // clock is a settable clock for stale derivation and deadlines.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 const (
 	testAdmin  = "admin-secret"
@@ -95,7 +79,7 @@ type env struct {
 	srv    *Server
 	hs     *httptest.Server
 	url    string
-	clock  *clock
+	clock  *fakeclock.Clock
 	parked chan string
 }
 
@@ -108,7 +92,7 @@ func newEnv(t testing.TB, opts ...envOpt) *env {
 
 func newEnvIn(t testing.TB, dir string, opts ...envOpt) *env {
 	t.Helper()
-	e := &env{t: t, dir: dir, clock: &clock{t: time.Now().UTC().Truncate(time.Second)}, parked: make(chan string, 64)}
+	e := &env{t: t, dir: dir, clock: fakeclock.New(time.Now().UTC().Truncate(time.Second)), parked: make(chan string, 64)}
 	hs := httptest.NewUnstartedServer(nil)
 	cfg := Config{
 		DataDir:     dir,

@@ -276,7 +276,7 @@ func TestHelloRejectsEachCode(t *testing.T) {
 	t.Run(messages.RejectEnrollTokenExpired, func(t *testing.T) {
 		e := newTLSEnv(t)
 		tok := e.enrollToken(time.Minute)
-		e.clock.Add(time.Minute)
+		e.clock.Advance(time.Minute)
 		wantReject(t, e.newHost("m", "l").hello(tok), messages.RejectEnrollTokenExpired)
 	})
 	t.Run(messages.RejectEnrollSignatureRequired, func(t *testing.T) {
@@ -527,7 +527,7 @@ func TestRevokedKeyIsRefusedAtOnce(t *testing.T) {
 	// a fresh token and a new key.
 	wantReject(t, h.hello(""), messages.RejectEnrollTokenRequired)
 	wantReject(t, h.hello(e.enrollToken(time.Hour)), messages.RejectEnrollSignatureInvalid)
-	e.clock.Add(time.Second)
+	e.clock.Advance(time.Second)
 	h.key = newKey(t)
 	h.enroll()
 	h.mustPoll()
@@ -590,7 +590,7 @@ func TestKeyRotationThroughKeysRoute(t *testing.T) {
 	h.mustPoll()
 
 	// The rotation itself.
-	e.clock.Add(time.Second)
+	e.clock.Advance(time.Second)
 	r, kr := keys(e.signed(h.key, "/v1/daemon/keys", "", good))
 	if r.status != http.StatusOK || kr.Reject != nil || kr.KeyID == nil || *kr.KeyID != next.ID() {
 		t.Fatalf("rotation: %d %+v", r.status, kr)
@@ -787,7 +787,7 @@ func TestKeyRotationByAge(t *testing.T) {
 	if p := h.mustPoll(); len(p.Commands) != 0 {
 		t.Fatalf("young key: %v", commandsOf(p))
 	}
-	e.clock.Add(2 * time.Hour)
+	e.clock.Advance(2 * time.Hour)
 	if p := h.mustPoll(); len(p.Commands) != 1 || p.Commands[0].Kind != messages.KindRotateKey {
 		t.Fatalf("old key: %v", commandsOf(p))
 	}

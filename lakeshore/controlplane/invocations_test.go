@@ -331,7 +331,7 @@ func TestLostWorkersFailTheirInvocations(t *testing.T) {
 	e := newEnv(t)
 	stale, _ := e.runningInvocation("s")
 	removed, rd := e.runningInvocation("r")
-	e.clock.Add(operatorapi.StaleAfter + time.Second)
+	e.clock.Advance(operatorapi.StaleAfter + time.Second)
 	// The removed worker is fresh; deleting it is what loses its run.
 	rd.poll(0, messages.InvocationStatus{InvocationID: removed, State: messages.StateRunning})
 	if r := e.op(http.MethodDelete, "/v1/namespaces/default/workers/"+rd.id, nil); r.status != http.StatusOK {
@@ -362,7 +362,7 @@ func TestStaleSweepWakesAWaitingReader(t *testing.T) {
 	got := make(chan operatorapi.Invocation, 1)
 	go func() { got <- e.invocation(id, "?wait=15") }()
 	e.waitParked(invocationKey(id))
-	e.clock.Add(time.Second)
+	e.clock.Advance(time.Second)
 	select {
 	case inv := <-got:
 		if inv.State != operatorapi.InvocationFailed || inv.Error == nil || inv.Error.Type != operatorapi.ErrorTypeWorkerLost {
@@ -384,12 +384,12 @@ func TestInvocationTheDaemonStopsReportingFails(t *testing.T) {
 	// The daemon restarts: it says hello again and no longer lists the run.
 	e.hello("m", "m")
 	d.poll(0)
-	e.clock.Add(operatorapi.StaleAfter / 2)
+	e.clock.Advance(operatorapi.StaleAfter / 2)
 	d.poll(0)
 	if inv := e.invocation(id, ""); inv.State != operatorapi.InvocationRunning {
 		t.Fatalf("failed before the grace: %+v", inv)
 	}
-	e.clock.Add(operatorapi.StaleAfter/2 + time.Second)
+	e.clock.Advance(operatorapi.StaleAfter/2 + time.Second)
 	d.poll(0)
 	inv := e.invocation(id, "")
 	if inv.State != operatorapi.InvocationFailed || inv.Error == nil || inv.Error.Type != operatorapi.ErrorTypeWorkerLost ||
@@ -624,7 +624,7 @@ func TestLargeArgsTravelByPayloadRef(t *testing.T) {
 	if r := doCtx(t, context.Background(), http.MethodPut, ps.URL, "", "", []byte("x")); r.status != http.StatusForbidden {
 		t.Fatalf("PUT with a get URL: %d", r.status)
 	}
-	e.clock.Add(operatorapi.PayloadTTL + time.Second)
+	e.clock.Advance(operatorapi.PayloadTTL + time.Second)
 	if r := doCtx(t, context.Background(), http.MethodGet, ps.URL, "", "", nil); r.status != http.StatusForbidden || !strings.Contains(string(r.body), "expired") {
 		t.Fatalf("expired URL: %d %q", r.status, r.body)
 	}

@@ -58,7 +58,7 @@ func TestStaleIsDerivedAtReadTime(t *testing.T) {
 	if w := e.worker(id); w.State != operatorapi.StateActive {
 		t.Fatalf("fresh worker %s", w.State)
 	}
-	e.clock.Add(operatorapi.StaleAfter + time.Second)
+	e.clock.Advance(operatorapi.StaleAfter + time.Second)
 	w := e.worker(id)
 	if w.State != operatorapi.StateStale || w.StoredState != operatorapi.StateActive {
 		t.Fatalf("after a minute of silence: state %s stored %s", w.State, w.StoredState)
@@ -97,7 +97,7 @@ func TestWorkerLookupByLabelAndNamespace(t *testing.T) {
 func TestCleanupRules(t *testing.T) {
 	e := newEnv(t)
 	old, _ := e.hello("m1", "old")
-	e.clock.Add(3 * time.Hour)
+	e.clock.Advance(3 * time.Hour)
 	fresh, _ := e.hello("m2", "fresh")
 	for _, body := range []string{`{"olderThanHours":0}`, `{"olderThanHours":-1}`, `{"olderThanHours":169}`, `{}`, `{"olderThanHours":"2"}`} {
 		r := e.do(http.MethodPost, "/v1/namespaces/default/workers/cleanup", "application/json", testAdmin, []byte(body))
@@ -274,7 +274,7 @@ func TestQueueRouting(t *testing.T) {
 		return r.status, decodeJS[operatorapi.ExecAccepted](t, r).WorkerID
 	}
 	// Make stale-gpu stale: everyone else polls after the clock moves.
-	e.clock.Add(operatorapi.StaleAfter + time.Second)
+	e.clock.Advance(operatorapi.StaleAfter + time.Second)
 	for _, w := range []string{gpu, trainer, plain} {
 		q := ""
 		if w == trainer {

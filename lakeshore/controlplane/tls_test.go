@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"nymph/test/fakeclock"
 	"nymph/test/harness"
 
 	"github.com/rs/zerolog"
@@ -45,7 +46,7 @@ type tlsEnv struct {
 	srv    *Server
 	url    string
 	client *http.Client
-	clock  *clock
+	clock  *fakeclock.Clock
 	log    *lockedBuffer
 }
 
@@ -54,7 +55,7 @@ func newTLSEnv(t testing.TB, opts ...envOpt) *tlsEnv {
 	dir := t.TempDir()
 	ca := harness.NewCA(t)
 	certFile, keyFile, _ := ca.Issue(t)
-	e := &tlsEnv{t: t, clock: &clock{t: time.Now().UTC().Truncate(time.Second)}, log: &lockedBuffer{}}
+	e := &tlsEnv{t: t, clock: fakeclock.New(time.Now().UTC().Truncate(time.Second)), log: &lockedBuffer{}}
 	cfg := Config{
 		DataDir:     filepath.Join(dir, "data"),
 		AdminToken:  testAdmin,
