@@ -3,10 +3,7 @@ package selfupdate
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
-	"debug/elf"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -25,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/messages"
+	"nymph/test/fakeelf"
 	"nymph/test/realparts"
 )
 
@@ -40,21 +38,7 @@ func fakeELF(t *testing.T, size int) []byte {
 	if !ok || runtime.GOOS != "linux" || (runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" && runtime.GOARCH != "riscv64" && runtime.GOARCH != "loong64") {
 		t.Skipf("fake ELF header only built for little-endian 64-bit linux, not %s/%s", runtime.GOOS, runtime.GOARCH)
 	}
-	hdr := elf.Header64{
-		Ident:   [elf.EI_NIDENT]byte{0x7f, 'E', 'L', 'F', byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)},
-		Type:    uint16(elf.ET_EXEC),
-		Machine: uint16(machine),
-		Version: uint32(elf.EV_CURRENT),
-		Ehsize:  64,
-	}
-	var buf bytes.Buffer
-	if err := binary.Write(&buf, binary.LittleEndian, hdr); err != nil {
-		t.Fatal(err)
-	}
-	rest := make([]byte, size-buf.Len())
-	_, _ = rand.Read(rest)
-	buf.Write(rest)
-	return buf.Bytes()
+	return fakeelf.New(t, machine, size)
 }
 
 func sum(b []byte) string {

@@ -19,6 +19,7 @@ import (
 	"nymph/daemon/selfupdate"
 	"nymph/dist"
 	"nymph/messages"
+	"nymph/test/fakeelf"
 )
 
 func serve(t *testing.T, s *Store) *httptest.Server {
@@ -184,7 +185,7 @@ func TestDaemonInstallsFromStore(t *testing.T) {
 		t.Skipf("fake ELF built only for linux amd64/arm64, not %s/%s", runtime.GOOS, runtime.GOARCH)
 	}
 	s := openStore(t)
-	body := fakeELF(t, machine, 256<<10)
+	body := fakeelf.New(t, machine, 256<<10)
 	rel := publish(t, s, body, "0.6.0", "")
 	srv := serve(t, s)
 

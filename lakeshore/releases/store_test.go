@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"debug/elf"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"testing"
 
 	"nymph/dist"
+	"nymph/test/fakeelf"
 	"nymph/test/realparts"
 )
 
@@ -28,25 +28,6 @@ func randomBytes(t *testing.T, n int) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-// fakeELF is a minimal little-endian 64-bit ELF header for machine, then
-// random bytes: enough for triple detection and for the daemon's check.
-func fakeELF(t *testing.T, machine elf.Machine, size int) []byte {
-	t.Helper()
-	hdr := elf.Header64{
-		Ident:   [elf.EI_NIDENT]byte{0x7f, 'E', 'L', 'F', byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), byte(elf.EV_CURRENT)},
-		Type:    uint16(elf.ET_EXEC),
-		Machine: uint16(machine),
-		Version: uint32(elf.EV_CURRENT),
-		Ehsize:  64,
-	}
-	var buf bytes.Buffer
-	if err := binary.Write(&buf, binary.LittleEndian, hdr); err != nil {
-		t.Fatal(err)
-	}
-	buf.Write(randomBytes(t, size-buf.Len()))
-	return buf.Bytes()
 }
 
 func hexSum(b []byte) string {
@@ -208,16 +189,16 @@ func TestRepublishReplaces(t *testing.T) {
 
 func TestTripleDetectedFromELF(t *testing.T) {
 	s := openStore(t)
-	if rel := publish(t, s, fakeELF(t, elf.EM_AARCH64, 4096), "1.0.0", ""); rel.Triple != "aarch64-unknown-linux-gnu" {
+	if rel := publish(t, s, fakeelf.New(t, elf.EM_AARCH64, 4096), "1.0.0", ""); rel.Triple != "aarch64-unknown-linux-gnu" {
 		t.Fatalf("aarch64 ELF published as %s", rel.Triple)
 	}
-	if rel := publish(t, s, fakeELF(t, elf.EM_X86_64, 4096), "1.0.0", ""); rel.Triple != "x86_64-unknown-linux-gnu" {
+	if rel := publish(t, s, fakeelf.New(t, elf.EM_X86_64, 4096), "1.0.0", ""); rel.Triple != "x86_64-unknown-linux-gnu" {
 		t.Fatalf("x86_64 ELF published as %s", rel.Triple)
 	}
 	if rel := publish(t, s, []byte("#!/bin/sh\n"), "1.0.1", ""); rel.Triple != dist.DefaultTriple() {
 		t.Fatalf("a non-ELF file published as %s, want dist.DefaultTriple %s", rel.Triple, dist.DefaultTriple())
 	}
-	if rel := publish(t, s, fakeELF(t, elf.EM_AARCH64, 4096), "1.0.2", "aarch64-unknown-linux-musl"); rel.Triple != "aarch64-unknown-linux-musl" {
+	if rel := publish(t, s, fakeelf.New(t, elf.EM_AARCH64, 4096), "1.0.2", "aarch64-unknown-linux-musl"); rel.Triple != "aarch64-unknown-linux-musl" {
 		t.Fatalf("explicit triple overridden: %s", rel.Triple)
 	}
 }
