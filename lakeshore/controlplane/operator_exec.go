@@ -293,7 +293,7 @@ func (s *Server) awaitExec(r *http.Request, ns, id string, wait time.Duration, o
 			release()
 			return store.Exec{}, err
 		}
-		if (waited && !onlyNews) || timedOut || wait == 0 || e.State == store.ExecFinished || e.OutputLen > offset {
+		if (waited && !onlyNews) || timedOut || wait == 0 || e.State == operatorapi.ExecFinished || e.OutputLen > offset {
 			release()
 			return e, nil
 		}
@@ -321,7 +321,7 @@ func (s *Server) execView(r *http.Request, e store.Exec, offset int64) (operator
 		out.Output = data
 		out.NextOffset = offset + int64(len(data))
 	}
-	if e.State == store.ExecFinished && len(e.Result) > 0 {
+	if e.State == operatorapi.ExecFinished && len(e.Result) > 0 {
 		var res messages.ExecResult
 		if err := messages.Unmarshal(e.Result, &res); err != nil {
 			s.log.Error().Err(err).Str("exec_id", e.ID).Msg("stored exec result does not decode")

@@ -21,14 +21,7 @@ import (
 var ErrNotFound = errors.New("store: not found")
 
 // Worker states are operatorapi's State* (all but StateStale, which
-// readers derive and nothing stores).
-
-// Exec states.
-const (
-	ExecQueued   = "queued"
-	ExecRunning  = "running"
-	ExecFinished = "finished"
-)
+// readers derive and nothing stores); exec states are its Exec*.
 
 // Command states, as listed for inspection.
 const (

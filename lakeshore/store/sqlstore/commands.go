@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 )
 
@@ -36,7 +37,7 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 		}
 		if e != nil {
 			if _, err := tx.Exec(ctx, `INSERT INTO execs (id, namespace, worker_id, command_id, command, stream, state, created_at)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, e.ID, e.Namespace, c.WorkerID, c.ID, e.Command, e.Stream, store.ExecQueued, ms(c.Now)); err != nil {
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, e.ID, e.Namespace, c.WorkerID, c.ID, e.Command, e.Stream, operatorapi.ExecQueued, ms(c.Now)); err != nil {
 				return fmt.Errorf("insert exec: %w", err)
 			}
 		}
@@ -95,7 +96,7 @@ func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int,
 		}
 		if _, err := tx.Exec(ctx, `UPDATE execs SET state = ?, started_at = ? WHERE state = ? AND command_id IN
 			(SELECT id FROM commands WHERE worker_id = ? AND seq BETWEEN ? AND ? AND kind = 'exec')`,
-			store.ExecRunning, ms(now), store.ExecQueued, workerID, first, last); err != nil {
+			operatorapi.ExecRunning, ms(now), operatorapi.ExecQueued, workerID, first, last); err != nil {
 			return fmt.Errorf("mark execs running: %w", err)
 		}
 		t := fromMs(ms(now))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 )
 
@@ -108,12 +109,12 @@ func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time
 		if err != nil {
 			return err
 		}
-		if state == store.ExecFinished {
+		if state == operatorapi.ExecFinished {
 			return nil
 		}
 		applied = true
 		_, err = tx.Exec(ctx, `UPDATE execs SET state = ?, result = ?, finished_at = ?, started_at = COALESCE(started_at, ?)
-			WHERE id = ?`, store.ExecFinished, nonNilBytes(result), ms(now), ms(now), id)
+			WHERE id = ?`, operatorapi.ExecFinished, nonNilBytes(result), ms(now), ms(now), id)
 		return err
 	})
 	if err != nil {
@@ -125,7 +126,7 @@ func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time
 // OpenExecs implements store.Execs.
 func (db *DB) OpenExecs(ctx context.Context, namespace string) (map[string]int, error) {
 	rows, err := db.reader().Query(ctx, `SELECT worker_id, COUNT(*) FROM execs WHERE namespace = ? AND state IN (?, ?) GROUP BY worker_id`,
-		namespace, store.ExecQueued, store.ExecRunning)
+		namespace, operatorapi.ExecQueued, operatorapi.ExecRunning)
 	if err != nil {
 		return nil, fmt.Errorf("count open execs: %w", err)
 	}

@@ -181,13 +181,13 @@ func testExecOutputAndResult(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x, err := db.Exec(bg, "e1"); err != nil || x.State != store.ExecQueued || !x.Stream || x.CommandID != "c1" || x.WorkerID != w.ID {
+	if x, err := db.Exec(bg, "e1"); err != nil || x.State != operatorapi.ExecQueued || !x.Stream || x.CommandID != "c1" || x.WorkerID != w.ID {
 		t.Fatalf("queued exec %+v %v", x, err)
 	}
 	if _, err := db.Take(bg, w.ID, 0, 10, false, t0.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if x, _ := db.Exec(bg, "e1"); x.State != store.ExecRunning || x.StartedAt == nil || !x.StartedAt.Equal(t0.Add(time.Second)) {
+	if x, _ := db.Exec(bg, "e1"); x.State != operatorapi.ExecRunning || x.StartedAt == nil || !x.StartedAt.Equal(t0.Add(time.Second)) {
 		t.Fatalf("delivered exec %+v", x)
 	}
 	for _, s := range []string{"hel", "", "lo ", "world"} {
@@ -216,7 +216,7 @@ func testExecOutputAndResult(t *testing.T, e *env) {
 		t.Fatalf("second finish: %v %v", ok, err)
 	}
 	x, _ := db.Exec(bg, "e1")
-	if string(x.Result) != `{"exit_code":0}` || x.State != store.ExecFinished || x.OutputLen != 11 || x.FinishedAt == nil {
+	if string(x.Result) != `{"exit_code":0}` || x.State != operatorapi.ExecFinished || x.OutputLen != 11 || x.FinishedAt == nil {
 		t.Fatalf("exec %+v", x)
 	}
 	if counts, _ := db.OpenExecs(bg, "default"); len(counts) != 0 {
