@@ -60,10 +60,10 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if err := orphans.Mark(marker); err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
-	// Runners read the mark when they are made, to put it on containers
-	// and jobs: make them after Mark. Those live outside this process
-	// tree, so the sweep above cannot reach them; each runner ends its own.
-	registry := runnerRegistry(cfg.Runtime.Runners, cfg.Runners, log)
+	// Runners put the mark on containers and jobs, which live outside this
+	// process tree, so the sweep above cannot reach them; each runner ends
+	// its own.
+	registry := runnerRegistry(cfg.Runtime.Runners, cfg.Runners, marker, log)
 	kinds := ordered(cfg.Runtime.Runners, slices.Sorted(maps.Keys(registry)))
 	reapLeftovers(ctx, kinds, registry, marker, log)
 

@@ -18,8 +18,10 @@ import (
 
 // runnerRegistry builds the configured runner kinds with their
 // [runners.<kind>] settings. The process runner is always there, because
-// setup scripts run through it.
-func runnerRegistry(kinds []string, rc config.Runners, log zerolog.Logger) map[string]runners.Runner {
+// setup scripts run through it. owner is the daemon's orphan mark, put on
+// the containers and SLURM jobs that outlive a killed daemon so its next
+// start can end them.
+func runnerRegistry(kinds []string, rc config.Runners, owner string, log zerolog.Logger) map[string]runners.Runner {
 	out := map[string]runners.Runner{}
 	for _, k := range kinds {
 		switch k {
@@ -37,6 +39,7 @@ func runnerRegistry(kinds []string, rc config.Runners, log zerolog.Logger) map[s
 				docker.WithGlobalArgs(rc.Docker.GlobalArgs...),
 				docker.WithRunArgs(rc.Docker.RunArgs...),
 				docker.WithShell(rc.Docker.Shell),
+				docker.WithOwner(owner),
 				docker.WithKillGrace(seconds(rc.Docker.KillGraceS)))
 		case gvisor.Kind:
 			g := rc.Gvisor
@@ -53,6 +56,7 @@ func runnerRegistry(kinds []string, rc config.Runners, log zerolog.Logger) map[s
 					docker.WithGlobalArgs(g.ContainerGlobalArgs...),
 					docker.WithRunArgs(g.ContainerRunArgs...),
 					docker.WithShell(rc.Docker.Shell),
+					docker.WithOwner(owner),
 					docker.WithKillGrace(seconds(g.KillGraceS)))))
 			}
 			out[k] = gvisor.New(log, opts...)
@@ -61,6 +65,7 @@ func runnerRegistry(kinds []string, rc config.Runners, log zerolog.Logger) map[s
 				slurm.WithBinDir(rc.Slurm.BinDir),
 				slurm.WithSrunArgs(rc.Slurm.SrunArgs...),
 				slurm.WithEnv(rc.Slurm.Env...),
+				slurm.WithOwner(owner),
 				slurm.WithKillGrace(seconds(rc.Slurm.KillGraceS)))
 		}
 	}

@@ -33,7 +33,7 @@ func TestAvailableFollowsConfiguredBinaries(t *testing.T) {
 
 func TestRegistryHasEveryConfiguredKindAndProcess(t *testing.T) {
 	rc := config.Default().Runners
-	reg := runnerRegistry([]string{"echo", "gvisor"}, rc, zerolog.Nop())
+	reg := runnerRegistry([]string{"echo", "gvisor"}, rc, "", zerolog.Nop())
 	for _, k := range []string{"echo", "gvisor", "process"} {
 		if r, ok := reg[k]; !ok || r.Kind() != k {
 			t.Fatalf("registry %v lacks %s", reg, k)

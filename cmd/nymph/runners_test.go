@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"nymph/daemon/orphans"
 	"nymph/messages"
+	"nymph/runners/docker"
 	"nymph/test/fakecp"
 )
 
@@ -145,6 +147,13 @@ env = ["SLURM_CONF=/etc/slurm/test.conf"]`, python, cli, runsc, gcli, bin))
 	if len(calls["srun"]) == 0 || !strings.Contains(calls["srun"][0][0], "conf=/etc/slurm/test.conf") {
 		t.Errorf("srun did not get SLURM_CONF: %q", calls["srun"])
 	}
+	// The daemon's orphan mark reaches the runners whose work outlives a
+	// killed daemon, so its next start can end that work.
+	mark := orphans.Marker(filepath.Join(dir, "work"))
+	expectSeq(t, "docker owner label", calls["my-docker"], "--label", docker.OwnerLabel+"="+mark)
+	expectSeq(t, "gvisor cli owner label", calls["my-gvisor-cli"], "--label", docker.OwnerLabel+"="+mark)
+	host, _ := os.Hostname()
+	expectSeq(t, "srun owner comment", calls["srun"], "--comment="+mark+"@"+host)
 }
 
 // expectSeq checks that want appears as a contiguous run in the arguments

@@ -22,7 +22,7 @@
 // A daemon killed outright cannot do that: its CLI dies with it, but the
 // container lives on under the engine (or podman's conmon), out of reach of
 // the daemon's process sweep. So every container carries the daemon's owner
-// mark (orphans.EnvVar, read at New, or WithOwner) as the OwnerLabel label,
+// mark (WithOwner, given by the daemon) as the OwnerLabel label,
 // and ReapLeftovers, called at the next start, removes the containers that
 // carry it.
 package docker
@@ -42,7 +42,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"nymph/daemon/orphans"
 	"nymph/runners"
 	"nymph/runners/procgroup"
 	"nymph/runners/protocol"
@@ -122,9 +121,9 @@ func WithKind(kind string) Option {
 	}
 }
 
-// WithOwner sets the owner mark put on every container as its OwnerLabel
-// (default: the value of orphans.EnvVar when New is called). Empty means no
-// label, so no container of this runner is ever reaped.
+// WithOwner sets the owner mark put on every container as its OwnerLabel.
+// Empty (the default) means no label, so no container of this runner is
+// ever reaped.
 func WithOwner(marker string) Option {
 	return func(r *Runner) { r.owner = marker }
 }
@@ -133,7 +132,7 @@ func WithOwner(marker string) Option {
 func New(log zerolog.Logger, opts ...Option) *Runner {
 	host := protocol.NewHost(Kind, log)
 	host.Shell = "/bin/sh"
-	return protocol.Apply(&Runner{host: host, owner: os.Getenv(orphans.EnvVar), cli: "docker"}, opts)
+	return protocol.Apply(&Runner{host: host, cli: "docker"}, opts)
 }
 
 // Kind implements runners.Runner.

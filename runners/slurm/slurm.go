@@ -21,7 +21,7 @@
 //
 // A daemon killed outright cannot cancel anything, and its srun may die
 // while the job lives on. So every job carries the daemon's owner mark
-// (orphans.EnvVar, read at New, or WithOwner) in its comment, as
+// (WithOwner, given by the daemon) in its comment, as
 // "<mark>@<host>": the mark comes from the workdir path, which daemons on
 // the login nodes of one cluster may well share, so the host keeps one
 // daemon from cancelling another's jobs. ReapLeftovers, called at the next
@@ -41,7 +41,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"nymph/daemon/orphans"
 	"nymph/runners"
 	"nymph/runners/procgroup"
 	"nymph/runners/protocol"
@@ -99,9 +98,8 @@ func WithKillGrace(d time.Duration) Option {
 	return func(r *Runner) { r.host.SetKillGrace(d) }
 }
 
-// WithOwner sets the owner mark put in every job's comment (default: the
-// value of orphans.EnvVar when New is called). Empty means no comment, so
-// no job of this runner is ever reaped.
+// WithOwner sets the owner mark put in every job's comment. Empty (the
+// default) means no comment, so no job of this runner is ever reaped.
 func WithOwner(marker string) Option {
 	return func(r *Runner) { r.owner = marker }
 }
@@ -112,7 +110,6 @@ func New(log zerolog.Logger, opts ...Option) *Runner {
 	hostname, _ := os.Hostname()
 	return protocol.Apply(&Runner{
 		host:     protocol.NewHost(Kind, log),
-		owner:    os.Getenv(orphans.EnvVar),
 		hostname: hostname,
 		env:      map[string]string{},
 	}, opts)

@@ -80,7 +80,7 @@ var rules = []rule{
 	{[]string{"nymph/identity"}, []string{"nymph/actors", "nymph/daemon", "nymph/runners", "nymph/lakeshore"}, "identity is shared by both sides"},
 	{[]string{"nymph/daemon", "nymph/actors", "nymph/runners"}, []string{"nymph/lakeshore"}, "the daemon carries no control plane"},
 	{[]string{"nymph/lakeshore"}, []string{"nymph/actors", "nymph/daemon"}, "the control plane and the CLI never import the daemon"},
-	{[]string{"nymph/runners"}, []string{"nymph/actors"}, "runners only know the contract"},
+	{[]string{"nymph/runners"}, []string{"nymph/actors", "nymph/daemon", "nymph/config", "nymph/identity"}, "runners only know the contract and the vocabulary"},
 	{[]string{"nymph/daemon"}, []string{"nymph/actors"}, "the daemon's plumbing sits below the actors"},
 	{[]string{"nymph/lakeshore/store"}, []string{"nymph/lakeshore/controlplane", "nymph/lakeshore/cli", "nymph/lakeshore/opclient"}, "the store is below the control plane"},
 	{[]string{"nymph/lakeshore/operatorapi"}, []string{"nymph/lakeshore/controlplane", "nymph/lakeshore/store", "nymph/lakeshore/cli"}, "the operator contract is shared by the CLI and the control plane"},
