@@ -348,10 +348,13 @@ format = "json"
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "run", "--config", cfg)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	cmd, err := harness.StartCmd(func() *exec.Cmd {
+		cmd := exec.Command(bin, "run", "--config", cfg)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		return cmd
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})

@@ -456,15 +456,18 @@ format = "json"
 // Start launches (or relaunches) the nymph process with this daemon's config.
 func (d *Daemon) Start(bin string, env []string) {
 	t := d.t
-	cmd := exec.Command(bin, "run", "--config", d.ConfigPath)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	cmd, err := StartCmd(func() *exec.Cmd {
+		cmd := exec.Command(bin, "run", "--config", d.ConfigPath)
+		cmd.Env = append(os.Environ(), env...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Stdout, cmd.Stderr = logf, logf
+		return cmd
+	})
+	if err != nil {
 		t.Fatalf("start nymph: %v", err)
 	}
 	d.cmd = cmd
@@ -540,4 +543,20 @@ func randHex(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return fmt.Sprintf("%x", b)
+}
+
+// StartCmd starts the command mk makes, making it again while the kernel
+// answers ETXTBSY: a binary this test process has just written can still be
+// open for writing in a child that another test forked meanwhile, until that
+// child execs (the fork copies every descriptor). The busy spell lasts as
+// long as one fork and exec, so a few tries always get past it.
+func StartCmd(mk func() *exec.Cmd) (*exec.Cmd, error) {
+	var cmd *exec.Cmd
+	var err error
+	wait.Until(10*time.Second, func() bool {
+		cmd = mk() // a Cmd cannot be started twice
+		err = cmd.Start()
+		return !errors.Is(err, syscall.ETXTBSY)
+	})
+	return cmd, err
 }
