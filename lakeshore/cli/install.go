@@ -20,6 +20,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
 
+	"nymph/backoff"
 	"nymph/dist"
 	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
@@ -602,7 +603,7 @@ func (a *app) waitRegistered(ctx context.Context, c *opclient.Client, ssh sshRun
 				return operatorapi.Worker{}, fmt.Errorf("nymph on %s exited before it registered as %s%s", ssh.alias, label, logTail(l, ssh.alias, tail))
 			}
 		}
-		if !sleepCtx(ctx, 250*time.Millisecond) {
+		if !backoff.Sleep(ctx, 250*time.Millisecond) {
 			return operatorapi.Worker{}, ctx.Err()
 		}
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
 
-	"nymph/backoff"
 	"nymph/buildinfo"
 	"nymph/lakeshore/localdaemon"
 	"nymph/lakeshore/opclient"
@@ -304,7 +303,3 @@ func describe(w operatorapi.Worker) string {
 	}
 	return fmt.Sprintf("%s (%s)", w.Label, w.ID)
 }
-
-// sleepCtx waits d or until ctx ends; it reports whether d elapsed. It is
-// backoff.Sleep, kept for install.go.
-func sleepCtx(ctx context.Context, d time.Duration) bool { return backoff.Sleep(ctx, d) }
