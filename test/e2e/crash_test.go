@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"nymph/daemon/orphans"
 	"nymph/lakeshore/operatorapi"
 	"nymph/test/harness"
 	"nymph/test/wait"
@@ -101,7 +102,14 @@ func TestDaemonRestartEndsJobsLeftByACrash(t *testing.T) {
 		_, err = fmt.Sscan(string(b), &pid)
 		return err == nil && pid > 0
 	})
-	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	t.Cleanup(func() {
+		// By pid only while it still carries the daemon's mark: once the job
+		// is gone its pid may be another test's process.
+		left, _ := orphans.WithEnv("/proc", orphans.EnvVar+"="+orphans.Marker(d.Workdir))
+		for _, p := range left {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
 
 	d.Kill() // SIGKILL to nymph's own process group; the job has its own
 	if !processAlive(pid) {

@@ -359,10 +359,7 @@ format = "json"
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); logf.Close(); close(exited) }()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-exited
-	})
+	t.Cleanup(func() { harness.KillGroup(cmd.Process.Pid, exited) })
 
 	for _, bad := range []string{"abc", strings.Repeat("g", 64), strings.Repeat("a", 63), strings.Repeat("a", 65)} {
 		cp.QueueKind(messages.KindOtaUpdate, &messages.OtaUpdate{Version: "9.9.9", URL: srv.URL + "/nymph", SHA256: bad})

@@ -49,10 +49,7 @@ func startReplica(t testing.TB, primary *harness.ControlPlane, dsn string) (*har
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
-	kill := func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-	}
+	kill := func() { harness.KillGroup(cmd.Process.Pid, done) }
 	t.Cleanup(kill)
 	wait.For(t, 30*time.Second, "the replica to answer", func() bool {
 		select {

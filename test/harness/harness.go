@@ -211,8 +211,7 @@ func (cp *ControlPlane) Kill() {
 	if cp.cmd == nil || cp.cmd.Process == nil {
 		return
 	}
-	_ = syscall.Kill(-cp.cmd.Process.Pid, syscall.SIGKILL)
-	<-cp.done
+	KillGroup(cp.cmd.Process.Pid, cp.done)
 }
 
 // Stop sends SIGTERM and waits for a clean exit.
@@ -505,8 +504,21 @@ func (d *Daemon) Kill() {
 	if d.cmd == nil || d.cmd.Process == nil {
 		return
 	}
-	_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
-	<-d.done
+	KillGroup(d.cmd.Process.Pid, d.done)
+}
+
+// KillGroup SIGKILLs the process group led by pid and waits for exited,
+// which is closed once the leader has been reaped. A leader already reaped
+// is not signalled: pids wrap quickly on a busy machine (pid_max is 32768
+// here), and the group id may by now belong to another test's process.
+func KillGroup(pid int, exited <-chan struct{}) {
+	select {
+	case <-exited:
+		return
+	default:
+	}
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	<-exited
 }
 
 // WaitForWorker waits until a worker with this label is registered.
