@@ -499,14 +499,18 @@ func TestSetupFIFOSudoAndRefreshCapabilities(t *testing.T) {
 func TestShutdownGraceThenKill(t *testing.T) {
 	h := newHarness(t, setup{})
 	h.waitPolls(1)
-	mark := "NYMPH_SHUTDOWN_MARK=" + t.Name()
-	k, v, _ := strings.Cut(mark, "=")
-	h.exec("short", "sleep 0.3; echo finished", withEnv(k, v))
-	h.exec("long", "sleep 30", withEnv(k, v))
-	h.cp.QueueRun(messages.Run{InvocationID: "run-long", Script: ptr("sleep 30"), RunConfig: messages.RunConfig{Env: map[string]string{k: v}}})
+	// Each job carries a mark of its own: one job may be several processes
+	// (bash and its sleep), so counting processes would not count jobs.
+	const k = "NYMPH_SHUTDOWN_MARK"
+	h.exec("short", "sleep 0.3; echo finished", withEnv(k, t.Name()+"-short"))
+	h.exec("long", "sleep 30", withEnv(k, t.Name()+"-long"))
+	h.cp.QueueRun(messages.Run{InvocationID: "run-long", Script: ptr("sleep 30"), RunConfig: messages.RunConfig{Env: map[string]string{k: t.Name() + "-run-long"}}})
+	running := func(job string) int {
+		pids, _ := orphans.WithEnv("/proc", k+"="+t.Name()+"-"+job)
+		return len(pids)
+	}
 	wait.For(t, 10*time.Second, "3 jobs running", func() bool {
-		pids, err := orphans.WithEnv("/proc", mark)
-		return err == nil && len(pids) >= 3
+		return running("short") > 0 && running("long") > 0 && running("run-long") > 0
 	})
 	start := time.Now()
 	h.d.Shutdown(800 * time.Millisecond)
@@ -530,8 +534,7 @@ func TestShutdownGraceThenKill(t *testing.T) {
 		t.Fatalf("ack %+v %+v", a, a.Error)
 	}
 	wait.For(t, 5*time.Second, "no process left", func() bool {
-		pids, err := orphans.WithEnv("/proc", mark)
-		return err == nil && len(pids) == 0
+		return running("short")+running("long")+running("run-long") == 0
 	})
 	polls := len(h.cp.Polls())
 	if got := len(h.cp.Polls()); got != polls {

@@ -266,15 +266,19 @@ func TestSIGTERMHonoursGraceThenKillsAndReports(t *testing.T) {
 	cfg, _ := writeConfig(t, cp, "shutdown_grace_s = 1.5")
 	d := start(t, nil, "run", "--config", cfg)
 	cp.Wait(20*time.Second, "a poll", func() bool { return len(cp.Polls()) > 0 })
-	mark := "NYMPH_BIN_MARK=" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	k, v, _ := strings.Cut(mark, "=")
-	env := map[string]string{k: v}
-	cp.QueueExec(messages.Exec{ExecID: "short", Command: "sleep 0.5; echo done", Env: env})
-	cp.QueueExec(messages.Exec{ExecID: "long", Command: "sleep 60", Env: env})
-	cp.QueueRun(messages.Run{InvocationID: "run-long", Script: ptr("sleep 60"), RunConfig: messages.RunConfig{Env: env}})
+	// Each job carries a mark of its own: one job may be several processes
+	// (bash and its sleep), so counting processes would not count jobs.
+	base := strconv.FormatInt(time.Now().UnixNano(), 36)
+	env := func(job string) map[string]string { return map[string]string{"NYMPH_BIN_MARK": base + "-" + job} }
+	cp.QueueExec(messages.Exec{ExecID: "short", Command: "sleep 0.5; echo done", Env: env("short")})
+	cp.QueueExec(messages.Exec{ExecID: "long", Command: "sleep 60", Env: env("long")})
+	cp.QueueRun(messages.Run{InvocationID: "run-long", Script: ptr("sleep 60"), RunConfig: messages.RunConfig{Env: env("run-long")}})
+	running := func(job string) int {
+		pids, _ := orphans.WithEnv("/proc", "NYMPH_BIN_MARK="+base+"-"+job)
+		return len(pids)
+	}
 	wait.For(t, 20*time.Second, "3 jobs running", func() bool {
-		pids, err := orphans.WithEnv("/proc", mark)
-		return err == nil && len(pids) >= 3
+		return running("short") > 0 && running("long") > 0 && running("run-long") > 0
 	})
 	sent := time.Now()
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
@@ -299,8 +303,7 @@ func TestSIGTERMHonoursGraceThenKillsAndReports(t *testing.T) {
 		t.Fatalf("acks %+v", acks)
 	}
 	wait.For(t, 5*time.Second, "nothing left running", func() bool {
-		pids, err := orphans.WithEnv("/proc", mark)
-		return err == nil && len(pids) == 0
+		return running("short")+running("long")+running("run-long") == 0
 	})
 }
 
