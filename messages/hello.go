@@ -9,6 +9,13 @@ type HelloRequest struct {
 	Capabilities Capabilities `msgpack:"capabilities"`
 	Versions     Versions     `msgpack:"versions"`
 	PublicKey    string       `msgpack:"public_key,omitempty"`
+	// Extras the original control plane ignores (it skips unknown keys).
+	// Incarnation is new with every process start (never with a re-hello
+	// of the same process): a control plane seeing it change knows the
+	// jobs the previous process held are lost unless reported. SingleJob
+	// says keep_alive_s = 0: hand this daemon one job at most.
+	Incarnation string `msgpack:"incarnation,omitempty"`
+	SingleJob   bool   `msgpack:"single_job,omitempty"`
 }
 
 func (h *HelloRequest) normalize() {
