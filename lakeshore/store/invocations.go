@@ -12,12 +12,13 @@ import (
 // KindRun is the command kind an invocation is delivered as.
 const KindRun = "run"
 
-// Why a running invocation's worker counts as lost.
+// Why a job's worker counts as lost.
 const (
-	LostRemoved = "removed" // the worker row was deleted (killed, cleaned up)
-	LostGone    = "gone"    // the worker is in state gone
-	LostStale   = "stale"   // not seen for the stale window
-	LostMissing = "missing" // it polls but stopped listing the invocation
+	LostRemoved   = "removed"   // the worker row was deleted (killed, cleaned up)
+	LostGone      = "gone"      // the worker is in state gone
+	LostStale     = "stale"     // not seen since before the deadline
+	LostMissing   = "missing"   // it polls but stopped listing the invocation
+	LostRestarted = "restarted" // a new process of the worker said hello after the old one received the job
 )
 
 // Invocations holds function invocations and hands them to daemons.
@@ -50,8 +51,12 @@ type Invocations interface {
 	// out of its reports for longer than r.MissingGrace.
 	ReportRunning(ctx context.Context, r RunningReport) ([]LostInvocation, error)
 	// LostInvocations returns running invocations whose worker was
-	// removed, is gone, or was last seen before staleBefore (a worker
-	// hibernating until after staleBefore is not stale).
+	// removed, is gone, restarted (the run command was acknowledged by a
+	// non-empty incarnation other than the worker's current non-empty one:
+	// a command delivered but not acknowledged is delivered again to the
+	// new process instead), or was last seen before staleBefore (a worker
+	// hibernating until after staleBefore is not stale), in that order of
+	// reasons. It only reads; FinishInvocation resolves them.
 	LostInvocations(ctx context.Context, staleBefore time.Time) ([]LostInvocation, error)
 	// CancelInvocation cancels a queued invocation, or a running one whose
 	// run command was not delivered yet (the command is withdrawn). It
@@ -155,5 +160,16 @@ type LostInvocation struct {
 	Namespace   string
 	WorkerID    string
 	WorkerLabel string
+	Reason      string
+}
+
+// LostExec is an exec whose worker is lost, and why. WorkerLabel is ""
+// once the worker was removed.
+type LostExec struct {
+	ID          string
+	Namespace   string
+	WorkerID    string
+	WorkerLabel string
+	State       string // queued or running
 	Reason      string
 }

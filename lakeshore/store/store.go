@@ -71,7 +71,10 @@ type Nonces interface {
 type Workers interface {
 	// Hello creates the worker identified by (Namespace, MachineID, Label)
 	// with id NewID, or refreshes the existing one and returns it unchanged
-	// in identity. created reports which happened.
+	// in identity. created reports which happened. The worker's incarnation
+	// becomes h.Incarnation (also when that is ""): from then on a running
+	// job whose command another non-empty incarnation acknowledged is lost
+	// (LostRestarted, see LostInvocations and LostExecs).
 	Hello(ctx context.Context, h Hello) (w Worker, created bool, err error)
 	// Worker returns one worker; namespace "" matches any namespace.
 	Worker(ctx context.Context, namespace, id string) (Worker, error)
@@ -79,7 +82,8 @@ type Workers interface {
 	ListWorkers(ctx context.Context, namespace string) ([]Worker, error)
 	// RecordPoll notes a poll: last seen, poll queue, running invocations,
 	// merged capabilities. A non-nil Cursor acknowledges every command with
-	// seq <= Cursor (clamped to what was ever delivered). Afterwards a
+	// seq <= Cursor (clamped to what was ever delivered), on behalf of the
+	// worker's current incarnation. Afterwards a
 	// joining worker, or a setting_up one with no setup awaiting
 	// acknowledgement, becomes active.
 	RecordPoll(ctx context.Context, p Poll) (Worker, error)
@@ -102,7 +106,8 @@ type Commands interface {
 	// seq > after, in order, ending early after a hibernate (the daemon
 	// drops whatever follows one in a batch). They are marked delivered and
 	// their execs running; with ackNow they are acknowledged at once (the
-	// legacy delete-on-delivery). An unknown worker is ErrNotFound.
+	// legacy delete-on-delivery), on behalf of the worker's current
+	// incarnation. An unknown worker is ErrNotFound.
 	Take(ctx context.Context, workerID string, after int64, limit int, ackNow bool, now time.Time) ([]Command, error)
 	// ListCommands returns a worker's commands in sequence order.
 	ListCommands(ctx context.Context, workerID string) ([]Command, error)
@@ -121,6 +126,15 @@ type Execs interface {
 	FinishExec(ctx context.Context, id string, result []byte, now time.Time) (applied bool, err error)
 	// OpenExecs counts queued and running execs per worker of a namespace.
 	OpenExecs(ctx context.Context, namespace string) (map[string]int, error)
+	// LostExecs returns the execs, of every namespace, that will never get
+	// a result from their worker, oldest first: queued or running ones
+	// whose worker was removed (LostRemoved) or is gone (LostGone), and
+	// running ones whose command was acknowledged by a non-empty
+	// incarnation other than the worker's current non-empty one
+	// (LostRestarted) or whose worker was last seen before staleBefore and
+	// is not hibernating past it (LostStale). It only reads: resolving
+	// them goes through FinishExec, so a real result that comes first wins.
+	LostExecs(ctx context.Context, staleBefore time.Time) ([]LostExec, error)
 }
 
 // Tokens holds minted tokens, by the sha256 of their secret.
@@ -181,6 +195,9 @@ type Worker struct {
 	LastSeq      int64
 	DeliveredSeq int64
 	AckedSeq     int64
+	// Incarnation is the process the last hello came from ("" when the
+	// daemon names none).
+	Incarnation string
 	// SetupPending counts setup commands not yet acknowledged.
 	SetupPending int
 	// Queues above is the effective membership: Lanes plus QueuesAdded,
@@ -202,7 +219,11 @@ type Hello struct {
 	Queues       []string
 	Capabilities Capabilities
 	Versions     json.RawMessage
-	Now          time.Time
+	// Incarnation names the daemon process saying hello: new with every
+	// process start, the same on a re-hello of one process; "" when the
+	// daemon does not say (the original one).
+	Incarnation string
+	Now         time.Time
 }
 
 // Poll is what a poll writes.

@@ -82,8 +82,11 @@ func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int,
 		if ackNow {
 			acked = ms(now)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE commands SET delivered_at = COALESCE(delivered_at, ?), acked_at = COALESCE(CAST(? AS BIGINT), acked_at)
-			WHERE worker_id = ? AND seq BETWEEN ? AND ? AND acked_at IS NULL`, ms(now), acked, workerID, first, last); err != nil {
+		// Acknowledged now, they were received by the worker's current
+		// process (legacy daemons name none: '').
+		if _, err := tx.Exec(ctx, `UPDATE commands SET delivered_at = COALESCE(delivered_at, ?), acked_at = COALESCE(CAST(? AS BIGINT), acked_at),
+			acked_by = CASE WHEN CAST(? AS BIGINT) IS NULL THEN acked_by ELSE (SELECT w.incarnation FROM workers w WHERE w.id = commands.worker_id) END
+			WHERE worker_id = ? AND seq BETWEEN ? AND ? AND acked_at IS NULL`, ms(now), acked, acked, workerID, first, last); err != nil {
 			return fmt.Errorf("mark delivered: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `UPDATE workers SET delivered_seq = ? WHERE id = ? AND delivered_seq < ?`, last, workerID, last); err != nil {

@@ -147,3 +147,35 @@ func (db *DB) OpenExecs(ctx context.Context, namespace string) (map[string]int, 
 	}
 	return out, nil
 }
+
+// LostExecs implements store.Execs. A queued exec is lost only with its
+// worker's row or state: its command is still queued for a worker that is
+// merely stale or restarted, and goes out when it polls.
+func (db *DB) LostExecs(ctx context.Context, staleBefore time.Time) ([]store.LostExec, error) {
+	rows, err := db.reader().Query(ctx, `SELECT id, namespace, worker_id, label, state, reason FROM (
+		SELECT e.id, e.namespace, e.worker_id, COALESCE(w.label, '') AS label, e.state, e.created_at,
+			CASE WHEN w.id IS NULL THEN ? WHEN w.state = ? THEN ?
+				WHEN e.state = ? AND `+restartedCond+` THEN ? WHEN e.state = ? AND `+staleCond+` THEN ? ELSE '' END AS reason
+		FROM execs e LEFT JOIN workers w ON w.id = e.worker_id LEFT JOIN commands c ON c.id = e.command_id
+		WHERE e.state IN (?, ?)) x
+		WHERE reason <> '' ORDER BY created_at, id`,
+		store.LostRemoved, operatorapi.StateGone, store.LostGone,
+		operatorapi.ExecRunning, store.LostRestarted, operatorapi.ExecRunning, ms(staleBefore), ms(staleBefore), store.LostStale,
+		operatorapi.ExecQueued, operatorapi.ExecRunning)
+	if err != nil {
+		return nil, fmt.Errorf("find lost execs: %w", err)
+	}
+	defer rows.Close()
+	out := []store.LostExec{}
+	for rows.Next() {
+		var l store.LostExec
+		if err := rows.Scan(&l.ID, &l.Namespace, &l.WorkerID, &l.WorkerLabel, &l.State, &l.Reason); err != nil {
+			return nil, fmt.Errorf("find lost execs: %w", err)
+		}
+		out = append(out, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("find lost execs: %w", err)
+	}
+	return out, nil
+}

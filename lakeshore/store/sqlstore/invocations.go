@@ -392,34 +392,36 @@ func clipTail(s string) string {
 	return s
 }
 
+// restartedCond is true when the command aliased c was acknowledged by a
+// process of the worker aliased w other than the one that said hello last.
+// Both must have named themselves: a daemon that names no incarnation (the
+// original one) never reads as restarted.
+const restartedCond = `(w.incarnation <> '' AND c.acked_by <> '' AND c.acked_by <> w.incarnation)`
+
+// staleCond is true when the worker aliased w was last seen before the
+// deadline (the query's next two arguments) and is not hibernating past it.
+const staleCond = `(w.last_seen_at < ? AND (w.hibernating_until IS NULL OR w.hibernating_until < ?))`
+
 // LostInvocations implements store.Invocations.
 func (db *DB) LostInvocations(ctx context.Context, staleBefore time.Time) ([]store.LostInvocation, error) {
-	rows, err := db.reader().Query(ctx, `SELECT i.id, i.namespace, i.worker_id, i.worker_label, w.id IS NULL, COALESCE(w.state, '')
-		FROM invocations i LEFT JOIN workers w ON w.id = i.worker_id
-		WHERE i.state = ? AND (w.id IS NULL OR w.state = ? OR
-			(w.last_seen_at < ? AND (w.hibernating_until IS NULL OR w.hibernating_until < ?)))
-		ORDER BY i.created_at, i.id`, operatorapi.InvocationRunning, operatorapi.StateGone, ms(staleBefore), ms(staleBefore))
+	rows, err := db.reader().Query(ctx, `SELECT id, namespace, worker_id, worker_label, reason FROM (
+		SELECT i.id, i.namespace, i.worker_id, i.worker_label, i.created_at,
+			CASE WHEN w.id IS NULL THEN ? WHEN w.state = ? THEN ?
+				WHEN `+restartedCond+` THEN ? WHEN `+staleCond+` THEN ? ELSE '' END AS reason
+		FROM invocations i LEFT JOIN workers w ON w.id = i.worker_id LEFT JOIN commands c ON c.id = i.command_id
+		WHERE i.state = ?) x
+		WHERE reason <> '' ORDER BY created_at, id`,
+		store.LostRemoved, operatorapi.StateGone, store.LostGone, store.LostRestarted, ms(staleBefore), ms(staleBefore), store.LostStale,
+		operatorapi.InvocationRunning)
 	if err != nil {
 		return nil, fmt.Errorf("find lost invocations: %w", err)
 	}
 	defer rows.Close()
 	out := []store.LostInvocation{}
 	for rows.Next() {
-		var (
-			l       store.LostInvocation
-			removed bool
-			state   string
-		)
-		if err := rows.Scan(&l.ID, &l.Namespace, &l.WorkerID, &l.WorkerLabel, &removed, &state); err != nil {
+		var l store.LostInvocation
+		if err := rows.Scan(&l.ID, &l.Namespace, &l.WorkerID, &l.WorkerLabel, &l.Reason); err != nil {
 			return nil, fmt.Errorf("find lost invocations: %w", err)
-		}
-		switch {
-		case removed:
-			l.Reason = store.LostRemoved
-		case state == operatorapi.StateGone:
-			l.Reason = store.LostGone
-		default:
-			l.Reason = store.LostStale
 		}
 		out = append(out, l)
 	}

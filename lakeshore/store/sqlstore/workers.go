@@ -15,7 +15,7 @@ import (
 
 const workerColumns = `w.id, w.namespace, w.machine_id, w.hello_label, w.label, w.state, w.tags, w.queues,
 	w.capabilities, w.versions, w.poll_queue, w.running, w.created_at, w.last_seen_at, w.hibernating_until,
-	w.last_seq, w.delivered_seq, w.acked_seq, w.queues_added, w.queues_removed,
+	w.last_seq, w.delivered_seq, w.acked_seq, w.queues_added, w.queues_removed, w.incarnation,
 	(SELECT COUNT(*) FROM commands c WHERE c.worker_id = w.id AND c.kind = 'setup' AND c.acked_at IS NULL)`
 
 func scanWorker(row rowScanner) (store.Worker, error) {
@@ -28,7 +28,7 @@ func scanWorker(row rowScanner) (store.Worker, error) {
 	)
 	err := row.Scan(&w.ID, &w.Namespace, &w.MachineID, &w.HelloLabel, &w.Label, &w.State, &tags, &queues,
 		&caps, &versions, &w.PollQueue, &runng, &created, &seen, &hib,
-		&w.LastSeq, &w.DeliveredSeq, &w.AckedSeq, &queuesAdded, &queuesRemoved, &w.SetupPending)
+		&w.LastSeq, &w.DeliveredSeq, &w.AckedSeq, &queuesAdded, &queuesRemoved, &w.Incarnation, &w.SetupPending)
 	if err != nil {
 		return store.Worker{}, err
 	}
@@ -152,9 +152,10 @@ func (db *DB) Hello(ctx context.Context, h store.Hello) (store.Worker, bool, err
 		// Two replicas may see the same daemon's hello at once: the insert
 		// that loses the unique race finds the winner's row and refreshes it.
 		n, err := tx.affected(ctx, `INSERT INTO workers (id, namespace, machine_id, hello_label, label, state, tags, queues,
-			capabilities, versions, created_at, last_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			capabilities, versions, created_at, last_seen_at, incarnation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (namespace, machine_id, hello_label) DO NOTHING`,
-			h.NewID, h.Namespace, h.MachineID, h.Label, label, operatorapi.StateActive, tags, queues, capsJSON, versions, ms(h.Now), ms(h.Now))
+			h.NewID, h.Namespace, h.MachineID, h.Label, label, operatorapi.StateActive, tags, queues, capsJSON, versions, ms(h.Now), ms(h.Now),
+			h.Incarnation)
 		if err != nil {
 			return fmt.Errorf("insert worker: %w", err)
 		}
@@ -162,11 +163,11 @@ func (db *DB) Hello(ctx context.Context, h store.Hello) (store.Worker, bool, err
 		id := h.NewID
 		if !created {
 			err = tx.QueryRow(ctx, `UPDATE workers SET tags = ?, queues = ?, capabilities = ?, versions = ?, last_seen_at = ?,
-				hibernating_until = NULL,
+				hibernating_until = NULL, incarnation = ?,
 				state = CASE WHEN EXISTS (SELECT 1 FROM commands c WHERE c.worker_id = workers.id AND c.kind = 'setup' AND c.acked_at IS NULL)
 					THEN 'setting_up' ELSE 'active' END
 				WHERE namespace = ? AND machine_id = ? AND hello_label = ? RETURNING id`,
-				tags, queues, capsJSON, versions, ms(h.Now), h.Namespace, h.MachineID, h.Label).Scan(&id)
+				tags, queues, capsJSON, versions, ms(h.Now), h.Incarnation, h.Namespace, h.MachineID, h.Label).Scan(&id)
 			if err != nil {
 				return fmt.Errorf("update worker: %w", err)
 			}
@@ -198,11 +199,14 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 	}
 	var out store.Worker
 	err = db.tx(ctx, func(tx querier) error {
-		var delivered int64
+		var (
+			delivered   int64
+			incarnation string
+		)
 		err := tx.QueryRow(ctx, `UPDATE workers SET last_seen_at = ?, poll_queue = ?, running = ?,
 			capabilities = COALESCE(CAST(? AS TEXT), capabilities),
 			hibernating_until = CASE WHEN hibernating_until IS NOT NULL AND hibernating_until <= ? THEN NULL ELSE hibernating_until END
-			WHERE id = ? RETURNING delivered_seq`, ms(p.Now), p.Queue, running, caps, ms(p.Now), p.WorkerID).Scan(&delivered)
+			WHERE id = ? RETURNING delivered_seq, incarnation`, ms(p.Now), p.Queue, running, caps, ms(p.Now), p.WorkerID).Scan(&delivered, &incarnation)
 		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("worker", p.WorkerID)
 		}
@@ -210,7 +214,7 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 			return fmt.Errorf("update worker: %w", err)
 		}
 		if p.Cursor != nil {
-			if err := ackThrough(ctx, tx, p.WorkerID, min(*p.Cursor, delivered), p.Now); err != nil {
+			if err := ackThrough(ctx, tx, p.WorkerID, incarnation, min(*p.Cursor, delivered), p.Now); err != nil {
 				return err
 			}
 		}
@@ -231,13 +235,14 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 // ackThrough acknowledges every command up to c, which the caller clamped to
 // the highest sequence ever delivered (read in the same statement that took
 // the worker's row), so a bogus or stale cursor never acknowledges a
-// command not yet sent.
-func ackThrough(ctx context.Context, tx querier, workerID string, c int64, now time.Time) error {
+// command not yet sent. The commands are marked received by incarnation,
+// the process that sent the cursor.
+func ackThrough(ctx context.Context, tx querier, workerID, incarnation string, c int64, now time.Time) error {
 	if c <= 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `UPDATE commands SET acked_at = ?, delivered_at = COALESCE(delivered_at, ?)
-		WHERE worker_id = ? AND seq <= ? AND acked_at IS NULL`, ms(now), ms(now), workerID, c); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE commands SET acked_at = ?, delivered_at = COALESCE(delivered_at, ?), acked_by = ?
+		WHERE worker_id = ? AND seq <= ? AND acked_at IS NULL`, ms(now), ms(now), incarnation, workerID, c); err != nil {
 		return fmt.Errorf("ack commands: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE workers SET acked_seq = ? WHERE id = ? AND acked_seq < ?`, c, workerID, c); err != nil {

@@ -48,6 +48,8 @@ func Run(t *testing.T, b Backend) {
 		{"InvocationClaimCancelFinishAndReopen", testInvocationClaimCancelFinishAndReopen},
 		{"ClaimRespectsCapacityRunnersAndState", testClaimRespectsCapacityRunnersAndState},
 		{"ReportRunningAndLost", testReportRunningAndLost},
+		{"RestartLosesReceivedJobs", testRestartLosesReceivedJobs},
+		{"LostExecsStaleAndRemoved", testLostExecsStaleAndRemoved},
 		{"EnrollTokenIsConsumedOnce", testEnrollTokenIsConsumedOnce},
 		{"TokensListAndRevoke", testTokensListAndRevoke},
 		{"NoncesAreUsedOnce", testNoncesAreUsedOnce},
