@@ -26,7 +26,12 @@ var helloChecks = []check{
 	{path: "versions.daemon", required: true, kind: kString},
 	{path: "versions.protocol", required: true, kind: kString},
 	{path: "public_key", kind: kString},
+	{path: "incarnation", kind: kString},
 }
+
+// maxIncarnation bounds the process name a hello may carry (nymph sends a
+// 26-character ULID).
+const maxIncarnation = 128
 
 func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
 	body, err := readBody(w, r, limitSmall)
@@ -41,6 +46,9 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 	var req messages.HelloRequest
 	if err == nil {
 		err = decodeTyped(body, &req)
+	}
+	if err == nil && len(req.Incarnation) > maxIncarnation {
+		err = badField(http.StatusUnprocessableEntity, "incarnation", "longer than %d bytes", maxIncarnation)
 	}
 	if err != nil {
 		s.log.Info().Err(err).Msg("hello refused as malformed")
@@ -76,8 +84,9 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 			MaxInvocations: req.Capabilities.MaxInvocations,
 			Workdir:        req.Capabilities.Workdir,
 		},
-		Versions: versions,
-		Now:      now,
+		Versions:    versions,
+		Incarnation: req.Incarnation,
+		Now:         now,
 	})
 	if err != nil {
 		s.log.Error().Err(err).Str("machine_id", req.MachineID).Msg("hello: store")
@@ -89,7 +98,12 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		return
 	}
 	s.log.Info().Str("worker_id", wk.ID).Str("machine_id", wk.MachineID).Str("label", wk.Label).
-		Bool("created", created).Str("daemon_version", *req.Versions.Daemon).Msg("hello")
+		Bool("created", created).Str("daemon_version", *req.Versions.Daemon).Str("incarnation", req.Incarnation).Msg("hello")
+	if !created {
+		// A new process of this worker: what the old one had received is
+		// lost, and its waiters should hear so now, not at a deadline.
+		s.sweepLost(r.Context())
+	}
 	session := newULID()
 	cursor := strconv.FormatInt(wk.AckedSeq, 10)
 	writeMsgpack(w, http.StatusOK, &messages.HelloResponse{

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"net/http"
 	"os"
@@ -27,9 +26,9 @@ import (
 // a matching queue and advertising the runner claims them at poll time
 // (store.ClaimInvocations, one transaction) and receives them as run
 // commands through its command queue and cursor, so an abandoned poll loses
-// nothing; its ack finishes them. An invocation whose daemon is lost (stale,
-// removed, gone, or no longer reporting it) is failed with WorkerLost by a
-// sweep that runs on every read and on a ticker.
+// nothing; its ack finishes them. An invocation whose daemon is lost
+// (restarted, stale, removed, gone, or no longer reporting it) is failed
+// with WorkerLost (see lost.go).
 
 // limitSubmit admits base64 args of up to messages.MaxPayload bytes plus
 // the rest of the request; larger args are refused as 413 after decoding.
@@ -358,80 +357,6 @@ func (s *Server) reportRunning(ctx context.Context, workerID string, running []s
 	for _, l := range lost {
 		s.failLost(ctx, l)
 	}
-}
-
-// sweepLost fails every running invocation whose worker is lost.
-func (s *Server) sweepLost(ctx context.Context) {
-	lost, err := s.st.LostInvocations(ctx, s.now().Add(-s.staleAfter))
-	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Error().Err(err).Msg("sweeping for lost invocations")
-		}
-		return
-	}
-	for _, l := range lost {
-		s.failLost(ctx, l)
-	}
-}
-
-func lostMessage(l store.LostInvocation) string {
-	who := fmt.Sprintf("worker %s (%s)", l.WorkerLabel, l.WorkerID)
-	if l.WorkerLabel == "" || l.WorkerLabel == l.WorkerID {
-		who = "worker " + l.WorkerID
-	}
-	switch l.Reason {
-	case store.LostRemoved:
-		return who + " was removed (killed or cleaned up) while running this invocation"
-	case store.LostGone:
-		return who + " is gone; it was running this invocation"
-	case store.LostMissing:
-		return who + " no longer reports this invocation (the daemon restarted or lost it)"
-	default:
-		return who + " went stale while running this invocation"
-	}
-}
-
-func (s *Server) failLost(ctx context.Context, l store.LostInvocation) {
-	msg := lostMessage(l)
-	errJSON, _ := json.Marshal(messages.AckError{Type: operatorapi.ErrorTypeWorkerLost, Message: msg})
-	_, applied, err := s.st.FinishInvocation(ctx, store.Finish{
-		ID: l.ID, State: operatorapi.InvocationFailed, From: []string{operatorapi.InvocationRunning}, WorkerID: l.WorkerID,
-		Error: errJSON, Now: s.now(),
-	})
-	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Error().Err(err).Str("invocation_id", l.ID).Msg("failing a lost invocation")
-		}
-		return
-	}
-	if applied {
-		s.wake.broadcast(invocationKey(l.ID))
-		s.log.Warn().Str("invocation_id", l.ID).Str("worker_id", l.WorkerID).Str("reason", l.Reason).Msg(msg)
-	}
-}
-
-// startSweeper runs sweepLost on a ticker until the server closes. Each
-// sweep holds an in-flight slot, so Close never closes the store under it.
-func (s *Server) startSweeper() {
-	interval := min(max(s.staleAfter/4, 50*time.Millisecond), 5*time.Second)
-	go func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.closing:
-				return
-			case <-t.C:
-			}
-			if !s.inflight.enter() {
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
-			s.sweepLost(ctx)
-			cancel()
-			s.inflight.leave()
-		}
-	}()
 }
 
 // invocationView turns a row into the operator's view.

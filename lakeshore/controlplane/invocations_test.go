@@ -331,7 +331,7 @@ func TestLostWorkersFailTheirInvocations(t *testing.T) {
 	e := newEnv(t)
 	stale, _ := e.runningInvocation("s")
 	removed, rd := e.runningInvocation("r")
-	e.clock.Advance(operatorapi.StaleAfter + time.Second)
+	e.clock.Advance(DefaultLostAfter + time.Second)
 	// The removed worker is fresh; deleting it is what loses its run.
 	rd.poll(0, messages.InvocationStatus{InvocationID: removed, State: messages.StateRunning})
 	if r := e.op(http.MethodDelete, "/v1/namespaces/default/workers/"+rd.id, nil); r.status != http.StatusOK {
@@ -357,7 +357,7 @@ func TestLostWorkersFailTheirInvocations(t *testing.T) {
 }
 
 func TestStaleSweepWakesAWaitingReader(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.StaleAfter = 400 * time.Millisecond })
+	e := newEnv(t, func(c *Config) { c.StaleAfter, c.LostAfter = 400*time.Millisecond, 400*time.Millisecond })
 	id, _ := e.runningInvocation("m")
 	got := make(chan operatorapi.Invocation, 1)
 	go func() { got <- e.invocation(id, "?wait=15") }()

@@ -155,6 +155,7 @@ func (s *Server) handleKillWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	s.wake.broadcast(workerKey(wk.ID))
 	s.log.Info().Str("worker_id", wk.ID).Str("label", wk.Label).Msg("worker killed")
+	s.sweepLost(r.Context())
 	writeJSON(w, http.StatusOK, operatorapi.KillResponse{Deleted: wk.ID, Terminated: false})
 }
 
@@ -211,6 +212,9 @@ func (s *Server) handleCleanup(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out.Count = len(out.Deleted)
+	if !req.DryRun && out.Count > 0 {
+		s.sweepLost(r.Context())
+	}
 	s.log.Info().Float64("older_than_hours", h).Bool("dry_run", req.DryRun).Int("count", out.Count).Msg("cleanup")
 	writeJSON(w, http.StatusOK, out)
 }

@@ -60,6 +60,11 @@ type Config struct {
 	// StaleAfter is how long a worker may go unseen before it reads back
 	// stale; zero means operatorapi.StaleAfter. Tests shorten it.
 	StaleAfter time.Duration
+	// LostAfter is how long a worker may go unseen before its running execs
+	// and invocations are resolved as lost; zero means DefaultLostAfter, or
+	// StaleAfter when that is longer. It may not be shorter than
+	// StaleAfter: a worker is not even stale before that.
+	LostAfter time.Duration
 	// RequireSignatures turns away unsigned daemon requests: hellos without
 	// a signature or an enrollment token, and bearer-only requests on the
 	// signature-guarded routes (LAKESHORE_REQUIRE_DAEMON_SIGNATURES=1).
@@ -87,6 +92,7 @@ type Server struct {
 	st                store.Store
 	now               func() time.Time
 	staleAfter        time.Duration
+	lostAfter         time.Duration
 	adminToken        string
 	adminTokenCreated bool
 	daemonToken       string
@@ -170,6 +176,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		st:          cfg.Store,
 		now:         cfg.Now,
 		staleAfter:  cfg.StaleAfter,
+		lostAfter:   cfg.LostAfter,
 		daemonToken: cfg.DaemonToken,
 		addr:        cfg.Addr,
 		wake:        newHub(),
@@ -181,6 +188,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if s.staleAfter <= 0 {
 		s.staleAfter = operatorapi.StaleAfter
+	}
+	switch {
+	case s.lostAfter <= 0:
+		s.lostAfter = max(DefaultLostAfter, s.staleAfter)
+	case s.lostAfter < s.staleAfter:
+		return nil, fmt.Errorf("controlplane: LostAfter %v is shorter than StaleAfter %v", s.lostAfter, s.staleAfter)
 	}
 	if s.now == nil {
 		s.now = time.Now

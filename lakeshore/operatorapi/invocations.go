@@ -51,8 +51,9 @@ func InvocationTerminal(state string) bool {
 
 // Error types the control plane itself puts on an invocation.
 const (
-	// ErrorTypeWorkerLost: the daemon running it went stale, was removed,
-	// or stopped reporting it.
+	// ErrorTypeWorkerLost: the daemon running it restarted without it,
+	// went stale past the lost deadline, was removed, or stopped reporting
+	// it.
 	ErrorTypeWorkerLost = "WorkerLost"
 	// ErrorTypeCancelled: cancelled by an operator before dispatch.
 	ErrorTypeCancelled = messages.ErrorTypeCancelled
