@@ -92,6 +92,7 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 		Lanes:        cfg.Daemon.Lanes,
 		Capabilities: reprobe(ctx),
 		Versions:     versions,
+		Incarnation:  hostinfo.NewIncarnation(), // once per process: every re-hello reuses it
 	}
 
 	opts := []uplink.Option{}

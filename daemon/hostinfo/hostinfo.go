@@ -1,8 +1,9 @@
 // Package hostinfo owns host detection for nymph's hello: the best-effort
 // versions probe of the protocol spec (every probe that fails is nil), the
 // machine id ("auto" is the hostname), the host tags merged into the
-// configured ones, the runners this host can actually run, and the
-// provisional worker id used until the control plane assigns one.
+// configured ones, the runners this host can actually run, the
+// provisional worker id used until the control plane assigns one, and the
+// incarnation that names this daemon process.
 package hostinfo
 
 import (
@@ -271,6 +272,15 @@ func (p *Prober) Capabilities(kinds []string, maxInvocations int, workdir string
 // not given it one: {machine_id}-{ULID}.
 func ProvisionalWorkerID(machineID string) string {
 	return machineID + "-" + ulid.MustNew(ulid.Now(), rand.Reader).String()
+}
+
+// NewIncarnation names one daemon process for hello's incarnation: call it
+// once per process start and reuse it for every hello of that process, so
+// the control plane can tell a re-hello (same name) from a restart (a new
+// one) and fail the jobs the previous process took with it. A ULID: unique
+// without coordination, and ordered by start time in logs.
+func NewIncarnation() string {
+	return ulid.MustNew(ulid.Now(), rand.Reader).String()
 }
 
 func ptr(s string) *string { return &s }

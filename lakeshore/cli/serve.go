@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"nymph/lakeshore/controlplane"
+	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/releases"
 	"nymph/lakeshore/store/postgres"
 	"nymph/lakeshore/store/sqlite"
@@ -36,7 +37,11 @@ type serveOpts struct {
 	logLevel, logFormat                   string
 	noCredentials                         bool
 	staleAfter                            time.Duration
-	identity                              identityOpts
+	// lostAfter counts only when lostAfterSet; otherwise the control
+	// plane's default applies (never shorter than the stale window).
+	lostAfter    time.Duration
+	lostAfterSet bool
+	identity     identityOpts
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -63,6 +68,12 @@ $XDG_CONFIG_HOME/lakeshore/credentials.json, else
 ~/.config/lakeshore/credentials.json; mode 0600), so the CLI on this machine
 needs no flags.
 
+No exec or run stays running forever: one is failed as lost (exec exit_code
+-1, run error WorkerLost) when its daemon comes back as a new process without
+it, stops reporting it, is removed, or has not been seen for --lost-after
+(default ` + controlplane.DefaultLostAfter.String() + `, and no less than the minute after which a daemon
+reads back stale). A real outcome the daemon posts later changes nothing.
+
 Daemons authenticate with tokens from 'lakeshore token create', or with the
 shared bootstrap token --daemon-token / $LAKESHORE_DAEMON_TOKEN.
 --public-url is the URL daemons are told to use (default: the listen address).
@@ -75,9 +86,11 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
   lakeshore serve --addr 0.0.0.0:7700 --data /var/lib/lakeshore --public-url https://cp.example.internal:7700
   LAKESHORE_DAEMON_TOKEN=$(cat daemon-token) lakeshore serve --data ./cp
   lakeshore serve --addr 0.0.0.0:7700 --tls-cert cp.pem --tls-key cp-key.pem --require-daemon-signatures
+  lakeshore serve --lost-after 30m     # a flaky network: give silent daemons longer before failing their jobs
   LAKESHORE_ADMIN_TOKEN=$(cat admin-token) lakeshore serve --store postgres://lakeshore@db.internal/lakeshore`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.lostAfterSet = cmd.Flags().Changed("lost-after")
 			return a.serve(cmd.Context(), o)
 		},
 	}
@@ -94,8 +107,32 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 	// without waiting a minute; operators have no reason to change it.
 	fs.DurationVar(&o.staleAfter, "stale-after", 0, "how long a daemon may go unseen before it reads back stale (default 60s)")
 	_ = fs.MarkHidden("stale-after")
+	fs.DurationVar(&o.lostAfter, "lost-after", controlplane.DefaultLostAfter,
+		"how long a daemon may go unseen before the execs and runs it was running fail as lost (e.g. 10m)")
 	o.identity.addFlags(cmd, a.env.Getenv)
 	return cmd
+}
+
+// checkLostAfter validates --lost-after against the stale window and
+// returns what the control plane is to use (0: its default).
+func (o serveOpts) checkLostAfter() (time.Duration, error) {
+	if o.staleAfter < 0 {
+		return 0, usagef("--stale-after %v: must not be negative", o.staleAfter)
+	}
+	if !o.lostAfterSet {
+		return 0, nil
+	}
+	stale := o.staleAfter
+	if stale == 0 {
+		stale = operatorapi.StaleAfter
+	}
+	switch {
+	case o.lostAfter <= 0:
+		return 0, usagef("--lost-after %v: must be a positive duration, such as 10m", o.lostAfter)
+	case o.lostAfter < stale:
+		return 0, usagef("--lost-after %v: must be at least %v, the window after which a daemon reads back stale", o.lostAfter, stale)
+	}
+	return o.lostAfter, nil
 }
 
 func envOr(getenv func(string) string, key, def string) string {
@@ -129,12 +166,18 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		o.publicURL = strings.TrimRight(withScheme(o.publicURL), "/")
 	}
 
+	lostAfter, err := o.checkLostAfter()
+	if err != nil {
+		return err
+	}
+
 	cfg := controlplane.Config{
 		DataDir:     o.dataDir,
 		AdminToken:  adminToken,
 		DaemonToken: o.daemonToken,
 		Logger:      logger,
 		StaleAfter:  o.staleAfter,
+		LostAfter:   lostAfter,
 	}
 	if err := openStores(ctx, &cfg, o.store); err != nil {
 		return err

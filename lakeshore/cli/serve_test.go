@@ -181,3 +181,32 @@ func TestServeEndToEnd(t *testing.T) {
 
 	stop()
 }
+
+// A --lost-after that is not a duration, not positive, or shorter than the
+// stale window is a usage error that names the flag, before anything
+// starts.
+func TestServeRefusesABadLostAfter(t *testing.T) {
+	dir := t.TempDir()
+	env := map[string]string{cli.EnvCredentials: filepath.Join(dir, "c.json"), "HOME": dir}
+	for _, tc := range []struct{ args, want []string }{
+		{[]string{"--lost-after", "soon"}, []string{`invalid argument "soon" for "--lost-after"`}},
+		{[]string{"--lost-after", "0s"}, []string{"--lost-after 0s: must be a positive duration"}},
+		{[]string{"--lost-after", "-5m"}, []string{"--lost-after -5m0s: must be a positive duration"}},
+		{[]string{"--lost-after", "30s"}, []string{"--lost-after 30s: must be at least 1m0s", "reads back stale"}},
+		{[]string{"--stale-after", "2m", "--lost-after", "90s"}, []string{"--lost-after 1m30s: must be at least 2m0s"}},
+	} {
+		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data")}, tc.args...)
+		r := runCLI(t, runOpts{}, env, args...)
+		if r.code != cli.ExitUsage {
+			t.Fatalf("%v: %+v", tc.args, r)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(r.stderr, w) {
+				t.Fatalf("%v: stderr %q does not say %q", tc.args, r.stderr, w)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(dir, "data", "lakeshore.db")); err == nil {
+			t.Fatalf("%v: a store was opened before the refusal", tc.args)
+		}
+	}
+}
