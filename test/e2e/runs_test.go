@@ -297,11 +297,11 @@ func TestRunFailingFunction(t *testing.T) {
 	}
 }
 
-// A daemon SIGKILLed mid-run: once it goes stale its invocation is failed,
-// not left running.
+// A daemon SIGKILLed mid-run and not started again: once it has been
+// silent for --lost-after its invocation is failed, not left running.
 func TestRunDaemonKilledMidRun(t *testing.T) {
 	t.Parallel()
-	cp := harness.StartControlPlane(t, harness.CPOptions{Args: []string{"--stale-after", "2s"}})
+	cp := harness.StartControlPlane(t, harness.CPOptions{Args: []string{"--stale-after", "2s", "--lost-after", "2s"}})
 	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "doomed", Runners: []string{"process"}, WaitMaxS: 1})
 	key, value := runMark(t)
 	t.Cleanup(func() { killMarked(key, value) })

@@ -1,0 +1,160 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"nymph/lakeshore/operatorapi"
+	"nymph/test/harness"
+	"nymph/test/wait"
+)
+
+// waitingCLI is a lakeshore verb running in the background, as an operator
+// leaves one waiting in a terminal.
+type waitingCLI struct {
+	args           []string
+	cmd            *exec.Cmd
+	stdout, stderr bytes.Buffer // read only once done
+	done           chan struct{}
+	code           int
+}
+
+func startCLI(t *testing.T, cp *harness.ControlPlane, args ...string) *waitingCLI {
+	t.Helper()
+	c := &waitingCLI{args: args, done: make(chan struct{})}
+	cmd, err := harness.StartCmd(func() *exec.Cmd {
+		cmd := exec.Command(cp.Bins.Lakeshore, args...)
+		cmd.Env = cp.Env
+		cmd.Stdout, cmd.Stderr = &c.stdout, &c.stderr
+		return cmd
+	})
+	if err != nil {
+		t.Fatalf("start lakeshore %v: %v", args, err)
+	}
+	c.cmd = cmd
+	go func() {
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			c.code = ee.ExitCode()
+		} else if err != nil {
+			c.code = -1
+		}
+		close(c.done)
+	}()
+	t.Cleanup(c.stop)
+	return c
+}
+
+// stop kills the verb if it is still running (only then: once reaped, its
+// pid may be another process's) and waits for it.
+func (c *waitingCLI) stop() {
+	select {
+	case <-c.done:
+	default:
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+// end waits for the verb to exit on its own; within bounds a wait far
+// shorter than the verb's own (600 s for an exec, none for a run).
+func (c *waitingCLI) end(t *testing.T, within time.Duration) harness.Result {
+	t.Helper()
+	select {
+	case <-c.done:
+		return harness.Result{Stdout: c.stdout.String(), Stderr: c.stderr.String(), Code: c.code}
+	case <-time.After(within):
+		c.stop()
+		t.Fatalf("lakeshore %v still waiting after %v; its stderr:\n%s", c.args, within, c.stderr.String())
+		return harness.Result{}
+	}
+}
+
+// A nymph SIGKILLed while operators wait on its jobs, then started again:
+// each waiting `daemon exec` and `run` ends at once, non-zero, saying the
+// daemon restarted, with the error in --json output too. (Either the
+// control plane, seeing the new process say hello, or the daemon's own
+// account of what it was running may tell first: both say "restart".)
+func TestDaemonCrashEndsTheJobsOperatorsWaitOn(t *testing.T) {
+	t.Parallel()
+	cp := harness.StartControlPlane(t, harness.CPOptions{})
+	// Runs report their output on polls: poll often.
+	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "phoenix", Runners: []string{"process"}, WaitMaxS: 1})
+	w := cp.WaitForWorker(t, "phoenix")
+	key, value := runMark(t)
+	t.Cleanup(func() { killMarked(key, value) })
+	env := key + "=" + value
+	long := writeTemp(t, "long.sh", []byte("echo started; sleep 120"))
+
+	execText := startCLI(t, cp, "daemon", "exec", "--env", env, "phoenix", "sleep 120")
+	execJSON := startCLI(t, cp, "daemon", "exec", "--json", "--env", env, "phoenix", "sleep 121")
+	runText := startCLI(t, cp, "run", "--runner", "process", "--env", env, "--script", long)
+	runJSON := startCLI(t, cp, "run", "--json", "--runner", "process", "--env", env, "--script", long)
+
+	// All four are running and the daemon has acknowledged all four
+	// commands: a command it was sent but never acknowledged would go to
+	// the new process again instead.
+	wait.For(t, 60*time.Second, "the daemon to acknowledge two execs and two runs", func() bool {
+		var cmds []operatorapi.CommandInfo
+		if cp.GetJSON("/v1/namespaces/default/workers/"+w.ID+"/commands", &cmds) != nil {
+			return false
+		}
+		acked := map[string]int{}
+		for _, c := range cmds {
+			if c.State == "acked" {
+				acked[c.Kind]++
+			}
+		}
+		return acked["exec"] == 2 && acked["run"] == 2
+	})
+	var invs operatorapi.InvocationList
+	wait.For(t, 30*time.Second, "both runs to report output", func() bool {
+		if cp.GetJSON("/v1/namespaces/default/invocations?state=running", &invs) != nil || len(invs.Invocations) != 2 {
+			return false
+		}
+		for _, inv := range invs.Invocations {
+			if !strings.Contains(inv.StdoutTail, "started") {
+				return false
+			}
+		}
+		return true
+	})
+
+	d.Kill()
+	restarted := time.Now()
+	d.Start(d.Bin, nil)
+
+	for _, c := range []*waitingCLI{execText, runText} {
+		r := c.end(t, 30*time.Second)
+		if r.Code == 0 || !strings.Contains(r.Stderr, "restart") {
+			t.Fatalf("lakeshore %v: exit %d\nstdout: %s\nstderr: %s", c.args, r.Code, r.Stdout, r.Stderr)
+		}
+		t.Logf("lakeshore %s ended %v after the restart began: exit %d: %s", c.args[0], time.Since(restarted).Round(time.Millisecond),
+			r.Code, strings.TrimSpace(r.Stderr))
+	}
+	r := execJSON.end(t, 30*time.Second)
+	ex := mustJSON[execEnvelope](t, r)
+	if r.Code == 0 || ex.State != operatorapi.ExecFinished || ex.Result == nil || ex.Result.ExitCode != -1 ||
+		ex.Result.Error == nil || !strings.Contains(*ex.Result.Error, "restart") {
+		out, _ := json.Marshal(ex)
+		t.Fatalf("daemon exec --json: exit %d: %s (stderr %s)", r.Code, out, r.Stderr)
+	}
+	r = runJSON.end(t, 30*time.Second)
+	inv := mustJSON[operatorapi.Invocation](t, r)
+	if r.Code == 0 || inv.State != operatorapi.InvocationFailed || inv.Error == nil || !strings.Contains(inv.Error.Message, "restart") {
+		t.Fatalf("run --json: exit %d: %+v %+v (stderr %s)", r.Code, inv, inv.Error, r.Stderr)
+	}
+
+	// The daemon is back and takes work.
+	back := cp.CLI(t, "daemon", "exec", "phoenix", "echo", "back")
+	expectCode(t, back, 0)
+	if back.Stdout != "back\n" {
+		t.Fatalf("exec after the restart: %q", back.Stdout)
+	}
+}
