@@ -415,7 +415,7 @@ func (s *Server) handleGetInvocation(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, errNoSuchInvocation)
 		return
 	}
-	s.sweepLost(r.Context())
+	s.sweepLostInvocations(r.Context())
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	first := ""
@@ -476,7 +476,7 @@ func (s *Server) handleListInvocations(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Limit = n
 	}
-	s.sweepLost(r.Context())
+	s.sweepLostInvocations(r.Context())
 	all, err := s.st.ListInvocations(r.Context(), f)
 	if err != nil {
 		s.log.Error().Err(err).Msg("list invocations")

@@ -21,8 +21,14 @@ import (
 //   - has not been seen for lostAfter (running jobs; `serve --lost-after`);
 //   - was removed (killed, cleaned up), queued execs included.
 //
-// The sweep runs on a ticker, on every hello, after a removal and before
-// the reads that show jobs. Each resolution goes through the store's
+// Losses an event causes are resolved as it happens: a hello sweeps for
+// restarts, a kill or cleanup for removals. A ticker sweeps for everything
+// (the deadline, and whatever a crash of this control plane between an
+// event and its sweep left), every lostAfter/4 but at most 5 s apart.
+// Invocation reads sweep for invocations first, as they always have; exec
+// reads do not, being the streaming hot path (one sweep costs about as
+// much as five exec reads on SQLite), and the ticker's lag is nothing
+// against a deadline of minutes. Each resolution goes through the store's
 // applied-once finish (FinishExec, FinishInvocation), so a real outcome
 // that arrives first wins and one that arrives later is a no-op; whoever
 // applies it wakes the job's waiters.

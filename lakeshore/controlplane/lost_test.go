@@ -188,7 +188,7 @@ func TestHelloOfANewProcessResolvesLegacyDeliveries(t *testing.T) {
 
 // A worker unseen for longer than the configured deadline has its running
 // execs resolved: stale alone is not enough, and a reader waiting on the
-// exec is woken by the sweep.
+// exec is woken by the ticker's sweep.
 func TestStaleWorkersExecResolvesAfterTheDeadline(t *testing.T) {
 	const stale, lost = 400 * time.Millisecond, 1200 * time.Millisecond
 	e := newEnv(t, func(c *Config) { c.StaleAfter, c.LostAfter = stale, lost })
@@ -201,9 +201,12 @@ func TestStaleWorkersExecResolvesAfterTheDeadline(t *testing.T) {
 	if w := e.worker(d.id); w.State != operatorapi.StateStale {
 		t.Fatalf("worker %s, want stale", w.State)
 	}
+	e.srv.sweepLost(context.Background()) // what the ticker does, at a known time
 	if got := e.getExec(x.ExecID, ""); got.State != operatorapi.ExecRunning {
 		t.Fatalf("resolved while only stale: %+v %+v", got, got.Result)
 	}
+	// Past the deadline, the ticker's sweep resolves it and wakes the
+	// reader.
 	e.clock.Advance(lost - 2*stale + time.Millisecond)
 	got := within(t, waiting, "the stale worker's exec")
 	if got.State != operatorapi.ExecFinished || got.Result == nil || got.Result.ExitCode != messages.ExitFailed ||

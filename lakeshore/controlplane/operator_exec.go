@@ -256,7 +256,6 @@ func (s *Server) handleGetExec(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, badField(http.StatusNotFound, "exec_id", "no such exec"))
 		return
 	}
-	s.sweepLostExecs(r.Context())
 	e, err := s.awaitExec(r, ns, id, wait, offset, false)
 	if err != nil {
 		if r.Context().Err() == nil {
