@@ -4,12 +4,20 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"nymph/lakeshore/operatorapi"
+	"nymph/messages"
 	"nymph/test/harness"
 	"nymph/test/wait"
 )
@@ -157,4 +165,66 @@ func TestDaemonCrashEndsTheJobsOperatorsWaitOn(t *testing.T) {
 	if back.Stdout != "back\n" {
 		t.Fatalf("exec after the restart: %q", back.Stdout)
 	}
+}
+
+// namelessProxy forwards to target with the incarnation taken out of every
+// hello, so a real nymph reads as a daemon that names none (the original
+// one); stripped counts the hellos it changed.
+func namelessProxy(t *testing.T, target string) (proxyURL string, stripped *atomic.Int32) {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stripped = new(atomic.Int32)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.ErrorLog = log.New(io.Discard, "", 0) // long-polls cut short by a SIGKILL are routine
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/daemon/hello" {
+			body, err := io.ReadAll(r.Body)
+			var m map[string]any
+			if err == nil && messages.Unmarshal(body, &m) == nil && m["incarnation"] != nil {
+				delete(m, "incarnation")
+				if b, err := messages.Marshal(m); err == nil {
+					body = b
+					stripped.Add(1)
+				}
+			}
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, stripped
+}
+
+// A daemon that names no incarnation and comes back without a run it had
+// reported: its polls no longer list the run, and after the stale window
+// the waiting `run` ends, non-zero, saying the daemon restarted or lost it.
+func TestRunLeftOutOfPollsAfterARestartFails(t *testing.T) {
+	t.Parallel()
+	cp := harness.StartControlPlane(t, harness.CPOptions{Args: []string{"--stale-after", "2s"}})
+	proxy, stripped := namelessProxy(t, cp.URL)
+	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "nameless", Runners: []string{"process"}, WaitMaxS: 1, ServerURL: proxy})
+	key, value := runMark(t)
+	t.Cleanup(func() { killMarked(key, value) })
+	run := startCLI(t, cp, "run", "--runner", "process", "--env", key+"="+value, "--script",
+		writeTemp(t, "long.sh", []byte("echo started; sleep 120")))
+	var invs operatorapi.InvocationList
+	wait.For(t, 60*time.Second, "the daemon to report the run", func() bool {
+		return cp.GetJSON("/v1/namespaces/default/invocations?state=running", &invs) == nil && len(invs.Invocations) == 1 &&
+			strings.Contains(invs.Invocations[0].StdoutTail, "started")
+	})
+	d.Kill()
+	restarted := time.Now()
+	d.Start(d.Bin, nil)
+	r := run.end(t, 60*time.Second)
+	if r.Code == 0 || !strings.Contains(r.Stderr, "restart") {
+		t.Fatalf("run: exit %d\nstdout: %s\nstderr: %s", r.Code, r.Stdout, r.Stderr)
+	}
+	if n := stripped.Load(); n < 2 {
+		t.Fatalf("the proxy took the incarnation out of %d hellos, want both processes'", n)
+	}
+	t.Logf("run ended %v after the restart began (the stale window is 2s): exit %d: %s",
+		time.Since(restarted).Round(time.Millisecond), r.Code, strings.TrimSpace(r.Stderr))
 }
