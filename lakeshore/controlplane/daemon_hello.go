@@ -100,8 +100,9 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 	s.log.Info().Str("worker_id", wk.ID).Str("machine_id", wk.MachineID).Str("label", wk.Label).
 		Bool("created", created).Str("daemon_version", *req.Versions.Daemon).Str("incarnation", req.Incarnation).Msg("hello")
 	if !created {
-		// A new process of this worker: what the old one had received is
-		// lost, and its waiters should hear so now, not at a deadline.
+		// The hello may come from a new process of this worker: what the
+		// old one had received is lost now (the store tells by
+		// incarnation), and whoever waits on it should hear at once.
 		s.sweepLost(r.Context())
 	}
 	session := newULID()
