@@ -92,6 +92,9 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 		Lanes:        cfg.Daemon.Lanes,
 		Capabilities: reprobe(ctx),
 		Versions:     versions,
+		// keep_alive_s = 0 takes one job: our control plane then hands
+		// this daemon no other.
+		SingleJob: cfg.Runtime.KeepAliveS == 0,
 	}
 
 	opts := []uplink.Option{}
