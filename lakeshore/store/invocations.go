@@ -37,7 +37,8 @@ type Invocations interface {
 	// trailing '*' is a prefix; "" is "default") and whose runner it
 	// advertises (no runner: any worker with at least one), up to its free
 	// capacity (max_invocations minus its running invocations; 0 is
-	// unbounded) and at most c.Limit.
+	// unbounded) and at most c.Limit. A single-job worker claims one at
+	// most, and none once it has its job (Worker.HasJob).
 	ClaimInvocations(ctx context.Context, c Claim) ([]Invocation, error)
 	// FinishInvocation moves an invocation into a terminal state, but only
 	// from one of f.From (and, when f.WorkerID is set, only while it is on
@@ -51,7 +52,9 @@ type Invocations interface {
 	ReportRunning(ctx context.Context, r RunningReport) ([]LostInvocation, error)
 	// LostInvocations returns running invocations whose worker was
 	// removed, is gone, or was last seen before staleBefore (a worker
-	// hibernating until after staleBefore is not stale).
+	// hibernating until after staleBefore is not stale, nor is a
+	// single-job worker that took its job: it polls no more, by design,
+	// until it exits).
 	LostInvocations(ctx context.Context, staleBefore time.Time) ([]LostInvocation, error)
 	// CancelInvocation cancels a queued invocation, or a running one whose
 	// run command was not delivered yet (the command is withdrawn). It

@@ -158,10 +158,13 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 			return err
 		}
 		if w.State != operatorapi.StateActive || len(w.Capabilities.Runners) == 0 ||
-			(w.HibernatingUntil != nil && w.HibernatingUntil.After(c.Now)) {
+			(w.HibernatingUntil != nil && w.HibernatingUntil.After(c.Now)) || w.HasJob() {
 			return nil
 		}
 		limit := c.Limit
+		if w.SingleJob {
+			limit = 1
+		}
 		if max := int(w.Capabilities.MaxInvocations); max > 0 {
 			var running int
 			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM invocations WHERE worker_id = ? AND state = ?`,
@@ -397,7 +400,7 @@ func (db *DB) LostInvocations(ctx context.Context, staleBefore time.Time) ([]sto
 	rows, err := db.reader().Query(ctx, `SELECT i.id, i.namespace, i.worker_id, i.worker_label, w.id IS NULL, COALESCE(w.state, '')
 		FROM invocations i LEFT JOIN workers w ON w.id = i.worker_id
 		WHERE i.state = ? AND (w.id IS NULL OR w.state = ? OR
-			(w.last_seen_at < ? AND (w.hibernating_until IS NULL OR w.hibernating_until < ?)))
+			(w.last_seen_at < ? AND (w.hibernating_until IS NULL OR w.hibernating_until < ?) AND w.job_seq = 0))
 		ORDER BY i.created_at, i.id`, operatorapi.InvocationRunning, operatorapi.StateGone, ms(staleBefore), ms(staleBefore))
 	if err != nil {
 		return nil, fmt.Errorf("find lost invocations: %w", err)
