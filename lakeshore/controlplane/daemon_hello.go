@@ -76,8 +76,9 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 			MaxInvocations: req.Capabilities.MaxInvocations,
 			Workdir:        req.Capabilities.Workdir,
 		},
-		Versions: versions,
-		Now:      now,
+		Versions:  versions,
+		SingleJob: req.SingleJob,
+		Now:       now,
 	})
 	if err != nil {
 		s.log.Error().Err(err).Str("machine_id", req.MachineID).Msg("hello: store")
@@ -89,7 +90,7 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		return
 	}
 	s.log.Info().Str("worker_id", wk.ID).Str("machine_id", wk.MachineID).Str("label", wk.Label).
-		Bool("created", created).Str("daemon_version", *req.Versions.Daemon).Msg("hello")
+		Bool("created", created).Bool("single_job", wk.SingleJob).Str("daemon_version", *req.Versions.Daemon).Msg("hello")
 	session := newULID()
 	cursor := strconv.FormatInt(wk.AckedSeq, 10)
 	writeMsgpack(w, http.StatusOK, &messages.HelloResponse{
