@@ -100,3 +100,31 @@ func TestSingleJobRefusesTheOtherJobsOfItsBatch(t *testing.T) {
 		}
 	}
 }
+
+// keep_alive_s > 0 against a legacy server: a wake does not abandon its
+// held poll, and that poll must not put off the idle exit either. The fake
+// holds it forever and the request timeout is long: only an exit that
+// abandons the poll ends the daemon in time.
+func TestIdleExitAbandonsAHeldLegacyPoll(t *testing.T) {
+	h := newHarness(t, setup{
+		cpOpts: []fakecp.Option{fakecp.WithHoldForever(), fakecp.WithLegacyCursor()},
+		settings: func(s *actors.Settings) {
+			s.Poll.KeepAlive = 300 * time.Millisecond
+			s.Poll.RequestTimeout = time.Hour
+		},
+	})
+	h.waitPolls(1)
+	// The job outlasts keep_alive_s, so no idle timer is pending when it
+	// ends.
+	cmd := h.exec("job", "sleep 0.8")
+	h.cp.Wait(10*time.Second, "a poll after the job was taken", func() bool {
+		n, ok := h.cp.DeliveredBy(cmd)
+		return ok && len(h.cp.Polls()) > n+1
+	})
+	if err := h.wait(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.cp.WaitResult("job", 10*time.Second); r.ExitCode != 0 {
+		t.Fatalf("result %+v", r)
+	}
+}

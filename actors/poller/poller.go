@@ -230,6 +230,13 @@ func (p *poller) maybePoll(ctx actor.Context) {
 		p.idleExpired(ctx)
 		return
 	}
+	if p.inflight != 0 && p.retryGen == 0 && p.hibGen == 0 {
+		// A request in flight (a legacy server's poll, which a wake does
+		// not abandon) does not put the idle policy off: its timer is set
+		// now, and an exit abandons the request.
+		p.idleExpired(ctx)
+		return
+	}
 	if p.busy() || !p.d.State.isRegistered() {
 		return
 	}
