@@ -61,6 +61,7 @@ func (e *singleJobConflict) fieldError() *fieldError {
 		e.label, what)
 }
 
+// As lets writeOperatorError find the 409 (a *fieldError) in it.
 func (e *singleJobConflict) As(target any) bool {
 	if fe, ok := target.(**fieldError); ok {
 		*fe = e.fieldError()
