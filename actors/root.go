@@ -179,11 +179,22 @@ func (r *root) route(ctx actor.Context, m *messages.Dispatch) {
 	log := r.d.log.With().Str("command_id", m.CommandID).Str("kind", m.Kind).Logger()
 	switch b := m.Body.(type) {
 	// The poller has already entered execs and runs in the ledger (it holds
-	// their permits from the moment they are dispatched).
+	// their permits from the moment they are dispatched); a refused one is
+	// there marked refused, and its parent reports the refusal.
 	case *messages.Exec:
+		if m.Refused != "" {
+			log.Warn().Str("exec_id", b.ExecID).Str("reason", m.Refused).Msg("exec refused")
+			r.send(ctx, ExecsName, &messages.Queued{})
+			return
+		}
 		log.Info().Str("exec_id", b.ExecID).Msg("exec accepted")
 		r.send(ctx, ExecsName, &messages.Queued{})
 	case *messages.Run:
+		if m.Refused != "" {
+			log.Warn().Str("invocation_id", b.InvocationID).Str("reason", m.Refused).Msg("invocation refused")
+			r.send(ctx, InvocationsName, &messages.Queued{})
+			return
+		}
 		log.Info().Str("invocation_id", b.InvocationID).Msg("invocation accepted")
 		r.send(ctx, InvocationsName, &messages.Queued{})
 	case *messages.Setup:

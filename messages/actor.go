@@ -34,6 +34,11 @@ type Dispatch struct {
 	CommandID string
 	Kind      string
 	Body      any
+	// Refused, for an exec or a run, is why the daemon will not run it
+	// (a single-job daemon that already has its job): the job is in the
+	// ledger marked refused, and its parent reports the refusal instead of
+	// running it.
+	Refused string
 }
 
 // Queued tells the execs, invocations or setup-queue actor that new work is

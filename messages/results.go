@@ -64,6 +64,10 @@ type AckError struct {
 const (
 	ErrorTypeDaemon    = "DaemonError"
 	ErrorTypeCancelled = "Cancelled"
+	// ErrorTypeRefused is a run the daemon would not take: a single-job
+	// daemon (keep_alive_s = 0) that already has its job refuses every
+	// other one a control plane sends it, with an outcome, never silently.
+	ErrorTypeRefused = "Refused"
 	// CancelledShutdownMessage is the message of a run cancelled because the
 	// daemon's shutdown grace ran out.
 	CancelledShutdownMessage = "daemon shutdown grace expired"

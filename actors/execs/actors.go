@@ -53,6 +53,9 @@ func Props(d *Deps) *actor.Props {
 		Unstarted: func(sys *actor.ActorSystem, id, reason string) {
 			d.report(sys, id, &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason})
 		},
+		Refused: func(sys *actor.ActorSystem, id, reason string) {
+			d.report(sys, id, &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason})
+		},
 	})
 }
 

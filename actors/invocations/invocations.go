@@ -65,6 +65,10 @@ func Props(d *Deps) *actor.Props {
 			d.report(sys, &messages.Ack{InvocationID: id, State: messages.StateKilled,
 				Error: &messages.AckError{Type: messages.ErrorTypeCancelled, Message: reason}})
 		},
+		Refused: func(sys *actor.ActorSystem, id, reason string) {
+			d.report(sys, &messages.Ack{InvocationID: id, State: messages.StateFailed,
+				Error: &messages.AckError{Type: messages.ErrorTypeRefused, Message: reason}})
+		},
 	})
 }
 

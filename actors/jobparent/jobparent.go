@@ -10,7 +10,7 @@
 // restarted aborts its job hard, so that nothing it started outlives it.
 //
 // What differs between the kinds (running and reporting a job, the report
-// of a job that never ran) comes from a Kind. The bookkeeping that makes a
+// of a job that never ran or that was refused) comes from a Kind. The bookkeeping that makes a
 // job run once and report once stays in the ledger: a child claims its job
 // there (a restarted child finds it claimed and does not run it twice),
 // and the parent only reports a job it manages to claim itself.
@@ -49,6 +49,9 @@ type Kind struct {
 	Run func(ctx context.Context, sys *actor.ActorSystem, e *ledger.Entry)
 	// Unstarted reports a job that never ran; the parent has claimed it.
 	Unstarted func(sys *actor.ActorSystem, id, reason string)
+	// Refused reports a job the ledger holds as refused (see
+	// ledger.Refuse); the parent has claimed it.
+	Refused func(sys *actor.ActorSystem, id, reason string)
 }
 
 // Wiring is what every job path (execs, invocations) is built with. It
@@ -126,10 +129,15 @@ func (p *parent) retire(ctx actor.Context, kind ledger.Kind, id string) {
 }
 
 // spawnPending starts a child for every accepted job without one; once
-// closing, it reports them instead.
+// closing, it reports them instead. A job the ledger holds as refused is
+// reported refused, whenever it is found: by this incarnation or the next.
 func (p *parent) spawnPending(ctx actor.Context) {
 	for _, e := range p.k.Ledger.Unclaimed(p.k.Kind) {
 		if _, ok := p.children[e.ID]; ok {
+			continue
+		}
+		if e.Refused != "" {
+			p.reportWith(ctx, e.ID, e.Refused, p.k.Refused)
 			continue
 		}
 		if p.closing {
@@ -155,7 +163,11 @@ func (p *parent) abort(ctx actor.Context, id, reason string, hard bool) {
 		ctx.Send(pid, &messages.Abort{Reason: reason, Hard: hard})
 		return
 	}
-	if _, ok := p.k.Ledger.Get(p.k.Kind, id); ok {
+	if e, ok := p.k.Ledger.Get(p.k.Kind, id); ok {
+		if e.Refused != "" {
+			p.reportWith(ctx, id, e.Refused, p.k.Refused)
+			return
+		}
 		p.reportUnstarted(ctx, id, reason)
 		return
 	}
@@ -164,6 +176,12 @@ func (p *parent) abort(ctx actor.Context, id, reason string, hard bool) {
 
 // reportUnstarted ends a job that never got to run.
 func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
+	p.reportWith(ctx, id, reason, p.k.Unstarted)
+}
+
+// reportWith claims a job that has no child and has report end it, on a
+// goroutine of its own (reporting touches the disk).
+func (p *parent) reportWith(ctx actor.Context, id, reason string, report func(sys *actor.ActorSystem, id, reason string)) {
 	if _, ok := p.k.Ledger.Claim(p.k.Kind, id); !ok {
 		return
 	}
@@ -171,7 +189,7 @@ func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
 	p.k.Jobs.Add(1)
 	go func() {
 		defer p.k.Jobs.Done()
-		p.k.Unstarted(sys, id, reason)
+		report(sys, id, reason)
 	}()
 }
 

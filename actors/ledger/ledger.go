@@ -52,6 +52,9 @@ type Entry struct {
 	StartedAt time.Time
 	// Tail keeps the last TailSize bytes of a run's output.
 	Tail *Tail
+	// Refused, when set, is why the job is not to be run: its parent
+	// reports it refused instead of starting it.
+	Refused string
 
 	claimed bool
 }
@@ -80,6 +83,19 @@ func New(now func() time.Time) *Ledger {
 // Accept records a new job. It returns false, and records nothing, when a
 // job with that id is already active or finished recently.
 func (l *Ledger) Accept(kind Kind, id string, body any) bool {
+	return l.accept(kind, id, body, "")
+}
+
+// Refuse records a job that is not to be run, and why, under the same rules
+// as Accept. It is active (it holds its place in the count the daemon waits
+// on before it exits) until its refusal is reported and Complete called,
+// so a refusal is never lost to an exit or to a parent's restart: whichever
+// parent incarnation finds it reports it.
+func (l *Ledger) Refuse(kind Kind, id string, body any, reason string) bool {
+	return l.accept(kind, id, body, reason)
+}
+
+func (l *Ledger) accept(kind Kind, id string, body any, refused string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := key{kind, id}
@@ -90,7 +106,7 @@ func (l *Ledger) Accept(kind Kind, id string, body any) bool {
 		return false
 	}
 	now := l.now()
-	l.active[k] = &Entry{Kind: kind, ID: id, Body: body, AcceptedAt: now, Tail: &Tail{}}
+	l.active[k] = &Entry{Kind: kind, ID: id, Body: body, AcceptedAt: now, Tail: &Tail{}, Refused: refused}
 	l.order = append(l.order, k)
 	l.lastActivity = now
 	return true

@@ -83,3 +83,27 @@ func TestTailKeepsLast4KiBValidUTF8(t *testing.T) {
 		t.Fatalf("bad tail start: %q", s[:4])
 	}
 }
+
+func TestRefusedJobIsActiveUntilReported(t *testing.T) {
+	l := ledger.New(nil)
+	if !l.Accept(ledger.Exec, "mine", "body") || !l.Refuse(ledger.Exec, "other", "body", "single-job: has its job") {
+		t.Fatal("accept and refuse")
+	}
+	if l.Refuse(ledger.Exec, "other", "body", "again") || l.Accept(ledger.Exec, "other", "body") || l.Refuse(ledger.Exec, "mine", "body", "x") {
+		t.Fatal("a job already known is neither refused nor accepted again")
+	}
+	got := l.Unclaimed(ledger.Exec)
+	if len(got) != 2 || got[0].Refused != "" || got[1].ID != "other" || got[1].Refused != "single-job: has its job" {
+		t.Fatalf("unclaimed %+v", got)
+	}
+	// It holds its place until its refusal is reported, exactly once.
+	if l.Active() != 2 {
+		t.Fatalf("active %d", l.Active())
+	}
+	if _, ok := l.Claim(ledger.Exec, "other"); !ok || !l.Complete(ledger.Exec, "other") || l.Complete(ledger.Exec, "other") {
+		t.Fatal("report the refusal once")
+	}
+	if l.Active() != 1 || l.Refuse(ledger.Exec, "other", "body", "x") {
+		t.Fatal("after the report")
+	}
+}

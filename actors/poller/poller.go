@@ -7,6 +7,13 @@
 // (echo the last one received; never run a command id twice), hibernate,
 // reset_backoff and the idle policy.
 //
+// A single-job daemon (keep_alive_s = 0) takes exactly one job: once it
+// has accepted an exec or a run it polls no more (commands a cursor-speaking
+// server still holds for it stay queued there, unacknowledged, and lose
+// nothing), refuses with an outcome every other job the batch that brought
+// its job carries (an old control plane may send several), and exits once
+// its job and any setup are done, abandoning whatever request is in flight.
+//
 // Nothing here blocks inside Receive: each request runs in a goroutine that
 // reports back with a message tagged by a sequence number, so the answer to
 // an abandoned request, or to a previous incarnation's, is recognised and
@@ -18,6 +25,7 @@ package poller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -54,10 +62,13 @@ type Settings struct {
 	RequestTimeout time.Duration
 	// MaxInvocations is the number of permits; 0 is unbounded.
 	MaxInvocations int
-	// KeepAlive is the idle policy: < 0 never exit, 0 exit after the first
-	// job, > 0 exit after that long idle.
+	// KeepAlive is the idle policy: < 0 never exit, 0 take one job and
+	// exit after it (single-job), > 0 exit after that long idle.
 	KeepAlive time.Duration
 }
+
+// singleJob reports the single-job idle policy.
+func (s *Settings) singleJob() bool { return s.KeepAlive == 0 }
 
 // Deps is everything the poller uses. It outlives every incarnation.
 type Deps struct {
@@ -209,6 +220,23 @@ func (p *poller) busy() bool {
 }
 
 func (p *poller) maybePoll(ctx actor.Context) {
+	if p.stopped {
+		return
+	}
+	if p.d.singleJob() && p.d.State.SingleJob() != "" {
+		// A single-job daemon that has its job polls no more, whatever
+		// else is pending (a retry, a hibernation): it only waits for its
+		// job, and any setup, to end, then exits.
+		p.idleExpired(ctx)
+		return
+	}
+	if p.inflight != 0 && p.retryGen == 0 && p.hibGen == 0 {
+		// A request in flight (a legacy server's poll, which a wake does
+		// not abandon) does not put the idle policy off: its timer is set
+		// now, and an exit abandons the request.
+		p.idleExpired(ctx)
+		return
+	}
 	if p.busy() || !p.d.State.isRegistered() {
 		return
 	}
@@ -330,17 +358,9 @@ func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
 			// message, so the permit count the next maybePoll reads already
 			// holds it: max_invocations is never exceeded by a poll racing
 			// its own dispatch.
-			if !p.d.Ledger.Accept(ledger.Exec, b.ExecID, b) {
-				p.d.Log.Warn().Str("command_id", c.ID).Str("exec_id", b.ExecID).Msg("exec already known; not run again")
-				continue
-			}
-			ctx.Send(ctx.Parent(), &messages.Dispatch{CommandID: c.ID, Kind: c.Kind, Body: b})
+			p.acceptJob(ctx, c, ledger.Exec, "exec_id", b.ExecID, b)
 		case *messages.Run:
-			if !p.d.Ledger.Accept(ledger.Run, b.InvocationID, b) {
-				p.d.Log.Warn().Str("command_id", c.ID).Str("invocation_id", b.InvocationID).Msg("invocation already known; not run again")
-				continue
-			}
-			ctx.Send(ctx.Parent(), &messages.Dispatch{CommandID: c.ID, Kind: c.Kind, Body: b})
+			p.acceptJob(ctx, c, ledger.Run, "invocation_id", b.InvocationID, b)
 		default:
 			ctx.Send(ctx.Parent(), &messages.Dispatch{CommandID: c.ID, Kind: c.Kind, Body: b})
 		}
@@ -351,6 +371,39 @@ func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
 		ctx.Send(ctx.Parent(), &TargetVersion{Version: *v})
 	}
 	p.maybePoll(ctx)
+}
+
+// acceptJob enters an exec or a run in the ledger and dispatches it. A
+// single-job daemon that already has its job enters any other as refused:
+// its parent reports the refusal (exec -1, run failed Refused) through the
+// same outbox as every outcome, so the control plane that sent it learns
+// it will not run here.
+func (p *poller) acceptJob(ctx actor.Context, c messages.Command, kind ledger.Kind, idField, id string, body any) {
+	log := p.d.Log.With().Str("command_id", c.ID).Str(idField, id).Logger()
+	if p.d.singleJob() {
+		if job := p.d.State.SingleJob(); job != "" {
+			reason := fmt.Sprintf("refused: this single-job daemon (keep_alive_s = 0) already has its job (%s); it takes no other", job)
+			if !p.d.Ledger.Refuse(kind, id, body, reason) {
+				log.Warn().Msg("job already known; not refused again")
+				return
+			}
+			ctx.Send(ctx.Parent(), &messages.Dispatch{CommandID: c.ID, Kind: c.Kind, Body: body, Refused: reason})
+			return
+		}
+	}
+	if !p.d.Ledger.Accept(kind, id, body) {
+		noun := "exec"
+		if kind == ledger.Run {
+			noun = "invocation"
+		}
+		log.Warn().Msg(noun + " already known; not run again")
+		return
+	}
+	if p.d.singleJob() {
+		p.d.State.takeSingleJob(string(kind) + " " + id)
+		log.Info().Msg("single-job daemon has its job; it polls no more")
+	}
+	ctx.Send(ctx.Parent(), &messages.Dispatch{CommandID: c.ID, Kind: c.Kind, Body: body})
 }
 
 // httpStatus is the HTTP status behind err, or 0.
@@ -404,7 +457,7 @@ func (p *poller) idleExpired(ctx actor.Context) bool {
 	}
 	reason := ""
 	if ka == 0 {
-		if p.d.Ledger.Reported() == 0 {
+		if p.d.State.SingleJob() == "" {
 			return false
 		}
 		reason = "single-job daemon finished its job"

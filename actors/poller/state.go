@@ -16,7 +16,8 @@ const maxDelays = 256
 
 // State is the poller's memory that outlives any poller incarnation: the
 // worker id, the cursor, the command ids already handled, the backoff, the
-// hibernation deadline, and capabilities waiting to be shipped. It is safe
+// hibernation deadline, capabilities waiting to be shipped, and the job a
+// single-job daemon took. It is safe
 // for concurrent use.
 type State struct {
 	mu          sync.Mutex
@@ -32,6 +33,9 @@ type State struct {
 	capsVersion uint64
 	hibernate   time.Time
 	idleSince   time.Time
+	// singleJob names the one job a single-job daemon took ("exec X"),
+	// empty before it took one.
+	singleJob string
 }
 
 // NewState returns the state of a daemon that has not said hello yet.
@@ -183,4 +187,20 @@ func (s *State) idleStart() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.idleSince
+}
+
+// SingleJob names the job a single-job daemon has taken ("exec <id>",
+// "run <id>"), or is empty while it has none.
+func (s *State) SingleJob() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.singleJob
+}
+
+func (s *State) takeSingleJob(job string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.singleJob == "" {
+		s.singleJob = job
+	}
 }

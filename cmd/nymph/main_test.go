@@ -63,6 +63,8 @@ type daemon struct {
 	done   chan struct{}
 	code   int
 	dir    string
+	// exitedAt is when the process was seen to exit (set before done closes).
+	exitedAt time.Time
 }
 
 type syncBuffer struct {
@@ -148,6 +150,7 @@ func startBin(t *testing.T, bin string, env []string, args ...string) *daemon {
 	}
 	go func() {
 		_ = cmd.Wait()
+		d.exitedAt = time.Now()
 		d.code = cmd.ProcessState.ExitCode()
 		close(d.done)
 	}()

@@ -93,6 +93,9 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 		Capabilities: reprobe(ctx),
 		Versions:     versions,
 		Incarnation:  hostinfo.NewIncarnation(), // once per process: every re-hello reuses it
+		// keep_alive_s = 0 takes one job: our control plane then hands
+		// this daemon no other.
+		SingleJob: cfg.Runtime.KeepAliveS == 0,
 	}
 
 	opts := []uplink.Option{}

@@ -206,6 +206,13 @@ func (a *app) printWorker(out io.Writer, w operatorapi.Worker) error {
 		joinOrDash(w.Capabilities.Runners), w.Capabilities.MaxInvocations, orDash(w.Capabilities.Workdir))
 	row("capabilities", caps)
 	row("setup pending", fmt.Sprint(w.SetupPending))
+	if w.SingleJob {
+		what := "yes (keep_alive_s = 0): takes one job, then exits"
+		if w.SingleJobTaken {
+			what = "yes (keep_alive_s = 0): has its job and takes no other; it polls no more and exits once the job ends"
+		}
+		row("single job", what)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -86,6 +86,7 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		},
 		Versions:    versions,
 		Incarnation: req.Incarnation,
+		SingleJob:   req.SingleJob,
 		Now:         now,
 	})
 	if err != nil {
@@ -98,7 +99,7 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		return
 	}
 	s.log.Info().Str("worker_id", wk.ID).Str("machine_id", wk.MachineID).Str("label", wk.Label).
-		Bool("created", created).Str("daemon_version", *req.Versions.Daemon).Str("incarnation", req.Incarnation).Msg("hello")
+		Bool("created", created).Str("daemon_version", *req.Versions.Daemon).Str("incarnation", req.Incarnation).Bool("single_job", wk.SingleJob).Msg("hello")
 	if !created {
 		// The hello may come from a new process of this worker: what the
 		// old one had received is lost now (the store tells by

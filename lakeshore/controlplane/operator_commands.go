@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"errors"
 	"net/http"
 	"time"
 
@@ -23,6 +24,11 @@ func (s *Server) enqueue(r *http.Request, wk store.Worker, kind string, body any
 	if isNotFound(err) {
 		return store.Command{}, errNoSuchWorker
 	}
+	var held *store.SingleJobError
+	if errors.As(err, &held) {
+		s.log.Info().Str("worker_id", wk.ID).Str("kind", kind).Str("job", held.Job).Msg("refused: a single-job worker that has its job")
+		return store.Command{}, &singleJobConflict{held: held, label: wk.Label}
+	}
 	if err != nil {
 		s.log.Error().Err(err).Str("worker_id", wk.ID).Str("kind", kind).Msg("enqueue")
 		return store.Command{}, err
@@ -34,6 +40,34 @@ func (s *Server) enqueue(r *http.Request, wk store.Worker, kind string, body any
 	}
 	ev.Msg("command queued")
 	return c, nil
+}
+
+// singleJobConflict is the 409 of a job for a single-job worker that
+// already has its job; it keeps the store's refusal for a caller that
+// routes the job elsewhere.
+type singleJobConflict struct {
+	held  *store.SingleJobError
+	label string
+}
+
+func (e *singleJobConflict) Error() string { return e.fieldError().Error() }
+
+func (e *singleJobConflict) fieldError() *fieldError {
+	what := "already took its job (" + e.held.Job + ")"
+	if !e.held.Delivered {
+		what = "already has its job queued (" + e.held.Job + ")"
+	}
+	return badField(http.StatusConflict, "id", "daemon %s is single-job (keep_alive_s = 0) and %s; it takes no other job",
+		e.label, what)
+}
+
+// As lets writeOperatorError find the 409 (a *fieldError) in it.
+func (e *singleJobConflict) As(target any) bool {
+	if fe, ok := target.(**fieldError); ok {
+		*fe = e.fieldError()
+		return true
+	}
+	return false
 }
 
 // queueCommand is the shared shape of the setup/hibernate/reset/cancel

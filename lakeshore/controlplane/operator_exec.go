@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -57,7 +58,10 @@ func (s *Server) buildExec(r *http.Request, req operatorapi.ExecRequest, execID 
 	return e, nil
 }
 
-func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Worker, req operatorapi.ExecRequest) {
+// submitExec queues req for wk and answers. repick, for an exec routed to
+// a queue, picks another member when wk turns out to be a single-job
+// daemon that another job took meanwhile.
+func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Worker, req operatorapi.ExecRequest, repick workerPicker) {
 	wait, err := parseWait(r.URL.Query().Get("wait"), s.waitCap)
 	if err != nil {
 		writeOperatorError(w, err)
@@ -69,9 +73,19 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 		writeOperatorError(w, err)
 		return
 	}
-	_, err = s.enqueue(r, wk, messages.KindExec, body, &store.NewExec{
-		ID: id, Namespace: wk.Namespace, Command: req.Command, Stream: req.Stream,
-	}, nil)
+	newExec := &store.NewExec{ID: id, Namespace: wk.Namespace, Command: req.Command, Stream: req.Stream}
+	_, err = s.enqueue(r, wk, messages.KindExec, body, newExec, nil)
+	for skip := map[string]bool{}; repick != nil; {
+		var taken *singleJobConflict
+		if !errors.As(err, &taken) {
+			break
+		}
+		skip[wk.ID] = true
+		if wk, err = repick(skip); err != nil {
+			break
+		}
+		_, err = s.enqueue(r, wk, messages.KindExec, body, newExec, nil)
+	}
 	if err != nil {
 		writeOperatorError(w, err)
 		return
@@ -116,17 +130,25 @@ func (s *Server) handleWorkerExec(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	s.submitExec(w, r, wk, req)
+	s.submitExec(w, r, wk, req, nil)
 }
 
 func (s *Server) handleQueueExec(w http.ResponseWriter, r *http.Request) {
-	wk, req, err := s.queueExec(w, r)
+	pick, req, err := s.queueExec(w, r)
+	var wk store.Worker
+	if err == nil {
+		wk, err = pick(nil)
+	}
 	if err != nil {
 		writeOperatorError(w, err)
 		return
 	}
-	s.submitExec(w, r, wk, req)
+	s.submitExec(w, r, wk, req, pick)
 }
+
+// workerPicker picks the worker for a queue's exec, passing over those in
+// skip.
+type workerPicker func(skip map[string]bool) (store.Worker, error)
 
 func readExecRequest(w http.ResponseWriter, r *http.Request) (operatorapi.ExecRequest, error) {
 	var req operatorapi.ExecRequest
@@ -137,46 +159,51 @@ func readExecRequest(w http.ResponseWriter, r *http.Request) (operatorapi.ExecRe
 	return req, decodeJSON(body, &req)
 }
 
-// queueExec reads an exec for a queue and picks the worker to run it.
-func (s *Server) queueExec(w http.ResponseWriter, r *http.Request) (store.Worker, operatorapi.ExecRequest, error) {
+// queueExec reads an exec for a queue and returns how to pick the worker
+// to run it.
+func (s *Server) queueExec(w http.ResponseWriter, r *http.Request) (workerPicker, operatorapi.ExecRequest, error) {
 	ns, err := namespace(r)
 	if err != nil {
-		return store.Worker{}, operatorapi.ExecRequest{}, err
+		return nil, operatorapi.ExecRequest{}, err
 	}
 	req, err := readExecRequest(w, r)
 	if err != nil {
-		return store.Worker{}, req, err
+		return nil, req, err
 	}
 	if req.Queue == "" {
-		return store.Worker{}, req, badField(http.StatusBadRequest, "queue", "missing or empty")
+		return nil, req, badField(http.StatusBadRequest, "queue", "missing or empty")
 	}
 	if _, err := s.buildExec(r, req, "check"); err != nil {
-		return store.Worker{}, req, err
+		return nil, req, err
 	}
 	all, err := s.st.ListWorkers(r.Context(), ns)
 	if err != nil {
-		return store.Worker{}, req, err
+		return nil, req, err
 	}
 	open, err := s.st.OpenExecs(r.Context(), ns)
 	if err != nil {
-		return store.Worker{}, req, err
+		return nil, req, err
 	}
-	wk, ok := s.pickWorker(all, open, req.Queue, s.now())
-	if !ok {
-		return store.Worker{}, req, badField(http.StatusConflict, "queue",
-			"no eligible worker in queue %q: none of the %d workers in namespace %q is active, seen in the last %v, awake, and a member",
-			req.Queue, len(all), ns, s.staleAfter)
-	}
-	return wk, req, nil
+	now := s.now()
+	return func(skip map[string]bool) (store.Worker, error) {
+		wk, ok := s.pickWorker(all, open, req.Queue, now, skip)
+		if !ok {
+			return store.Worker{}, badField(http.StatusConflict, "queue",
+				"no eligible worker in queue %q: none of the %d workers in namespace %q is active, seen in the last %v, awake, a member, and free to take a job (a single-job daemon takes one)",
+				req.Queue, len(all), ns, s.staleAfter)
+		}
+		return wk, nil
+	}, req, nil
 }
 
 // pickWorker routes to the least busy eligible worker: not gone, not stale,
-// active, not hibernating, and a member of queue (by its queues, or by the
-// queue it polls). Ties go to the most recently seen, then the smallest id.
-func (s *Server) pickWorker(all []store.Worker, open map[string]int, queue string, now time.Time) (store.Worker, bool) {
+// active, not hibernating, not a single-job daemon that has its job, not in
+// skip, and a member of queue (by its queues, or by the queue it polls).
+// Ties go to the most recently seen, then the smallest id.
+func (s *Server) pickWorker(all []store.Worker, open map[string]int, queue string, now time.Time, skip map[string]bool) (store.Worker, bool) {
 	var cands []store.Worker
 	for _, w := range all {
-		if s.derivedState(w, now) != operatorapi.StateActive {
+		if s.derivedState(w, now) != operatorapi.StateActive || w.HasJob() || skip[w.ID] {
 			continue
 		}
 		if w.HibernatingUntil != nil && w.HibernatingUntil.After(now) {

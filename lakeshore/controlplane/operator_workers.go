@@ -92,6 +92,7 @@ func (s *Server) workerView(w store.Worker, now time.Time) operatorapi.Worker {
 		Running:      make([]operatorapi.InvocationStatus, 0, len(w.Running)),
 		Keys:         []operatorapi.KeyInfo{},
 	}
+	v.SingleJob, v.SingleJobTaken = w.SingleJob, w.HasJob()
 	if !json.Valid(v.Versions) {
 		v.Versions = json.RawMessage("{}")
 	}

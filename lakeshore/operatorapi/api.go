@@ -69,6 +69,12 @@ type Worker struct {
 	SetupPending int                   `json:"setupPending"`
 	Running      []InvocationStatus    `json:"running"`
 	Keys         []KeyInfo             `json:"keys"`
+	// SingleJob: the daemon said in hello that it takes one job and exits
+	// (keep_alive_s = 0). SingleJobTaken: it has that job, handed over or
+	// queued for it, and is given no other; once handed over it polls no
+	// more, so it reads stale until its job ends and it exits.
+	SingleJob      bool `json:"singleJob"`
+	SingleJobTaken bool `json:"singleJobTaken"`
 }
 
 // InvocationStatus mirrors what the daemon last reported on poll.

@@ -38,7 +38,8 @@ type Invocations interface {
 	// trailing '*' is a prefix; "" is "default") and whose runner it
 	// advertises (no runner: any worker with at least one), up to its free
 	// capacity (max_invocations minus its running invocations; 0 is
-	// unbounded) and at most c.Limit.
+	// unbounded) and at most c.Limit. A single-job worker claims one at
+	// most, and none once it has its job (Worker.HasJob).
 	ClaimInvocations(ctx context.Context, c Claim) ([]Invocation, error)
 	// FinishInvocation moves an invocation into a terminal state, but only
 	// from one of f.From (and, when f.WorkerID is set, only while it is on
@@ -55,7 +56,9 @@ type Invocations interface {
 	// non-empty incarnation other than the worker's current non-empty one:
 	// a command delivered but not acknowledged is delivered again to the
 	// new process instead), or was last seen before staleBefore (a worker
-	// hibernating until after staleBefore is not stale), in that order of
+	// hibernating until after staleBefore is not stale, nor is a single-job
+	// worker that took its job: it polls no more, by design, until it
+	// exits), in that order of
 	// reasons. It only reads; FinishInvocation resolves them.
 	LostInvocations(ctx context.Context, staleBefore time.Time) ([]LostInvocation, error)
 	// CancelInvocation cancels a queued invocation, or a running one whose

@@ -14,11 +14,31 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 )
 
 // ErrNotFound is returned (wrapped) when a worker, exec or token does not exist.
 var ErrNotFound = errors.New("store: not found")
+
+// SingleJobError refuses a job (an exec or a run command) for a single-job
+// worker that already has its job: handed over to it (Delivered), or queued
+// for it and not delivered yet. Nothing was stored.
+type SingleJobError struct {
+	WorkerID string
+	// Job names the job it has: "exec <exec id>", "run <invocation id>",
+	// or "command <command id>".
+	Job       string
+	Delivered bool
+}
+
+func (e *SingleJobError) Error() string {
+	verb := "has its job queued"
+	if e.Delivered {
+		verb = "already took its job"
+	}
+	return fmt.Sprintf("store: worker %s is single-job and %s (%s)", e.WorkerID, verb, e.Job)
+}
 
 // Worker states are operatorapi's State* (all but StateStale, which
 // readers derive and nothing stores); exec states are its Exec*.
@@ -31,10 +51,16 @@ const (
 )
 
 // Command kinds the store treats specially. They match the wire names.
+// Exec and run commands (KindExec, KindRun) are jobs: a single-job worker
+// is handed one at most.
 const (
 	KindSetup     = "setup"
 	KindHibernate = "hibernate"
+	KindExec      = "exec"
 )
+
+// IsJob reports whether a command of kind is a job.
+func IsJob(kind string) bool { return kind == KindExec || kind == KindRun }
 
 // Token kinds.
 const (
@@ -75,6 +101,14 @@ type Workers interface {
 	// becomes h.Incarnation (also when that is ""): from then on a running
 	// job whose command another non-empty incarnation acknowledged is lost
 	// (LostRestarted, see LostInvocations and LostExecs).
+	// SingleJob is stored as
+	// said. A single-job daemon sends nothing but its outcome once it has its
+	// job, so a hello from a worker whose job has ended (its exec finished,
+	// its invocation in a final state) comes from a new daemon process: every
+	// command delivered to the old one is acknowledged (it will not be
+	// delivered again) and the worker may be handed one job again. A job not
+	// ended stays the worker's job, to be delivered again while not
+	// acknowledged. A hello without SingleJob clears the worker's job.
 	Hello(ctx context.Context, h Hello) (w Worker, created bool, err error)
 	// Worker returns one worker; namespace "" matches any namespace.
 	Worker(ctx context.Context, namespace, id string) (Worker, error)
@@ -101,13 +135,20 @@ type Commands interface {
 	// Enqueue appends a command to a worker's queue, and with it the exec row
 	// when e is non-nil (atomically). A setup command puts an active or
 	// joining worker into setting_up; a hibernate records HibernatingUntil.
+	// A job for a single-job worker that already has its job (Worker.HasJob)
+	// is refused with a *SingleJobError.
 	Enqueue(ctx context.Context, c NewCommand, e *NewExec) (Command, error)
 	// Take returns up to limit unacknowledged commands of a worker with
 	// seq > after, in order, ending early after a hibernate (the daemon
 	// drops whatever follows one in a batch). They are marked delivered and
 	// their execs running; with ackNow they are acknowledged at once (the
 	// legacy delete-on-delivery), on behalf of the worker's current
-	// incarnation. An unknown worker is ErrNotFound.
+	// incarnation. A single-job worker is handed one job at
+	// most: the first job command taken becomes its job (JobSeq), and a
+	// batch ends before any other job command, which stays queued and is
+	// never delivered to it while it has that job; the job itself is
+	// delivered again as long as it is not acknowledged (an answer lost on
+	// the way). An unknown worker is ErrNotFound.
 	Take(ctx context.Context, workerID string, after int64, limit int, ackNow bool, now time.Time) ([]Command, error)
 	// ListCommands returns a worker's commands in sequence order.
 	ListCommands(ctx context.Context, workerID string) ([]Command, error)
@@ -207,6 +248,19 @@ type Worker struct {
 	Lanes         []string
 	QueuesAdded   []string
 	QueuesRemoved []string
+	// SingleJob is what the daemon said on its last hello: it takes one job
+	// (keep_alive_s = 0). JobSeq is the sequence number of the job command
+	// handed to it (0: none yet); JobsQueued counts its job commands
+	// queued and not delivered yet.
+	SingleJob  bool
+	JobSeq     int64
+	JobsQueued int
+}
+
+// HasJob reports a single-job worker that has its job, handed over or
+// queued for it: it is given no other.
+func (w Worker) HasJob() bool {
+	return w.SingleJob && (w.JobSeq > 0 || w.JobsQueued > 0)
 }
 
 // Hello is what a hello writes.
@@ -223,7 +277,9 @@ type Hello struct {
 	// process start, the same on a re-hello of one process; "" when the
 	// daemon does not say (the original one).
 	Incarnation string
-	Now         time.Time
+	// SingleJob is the daemon's single_job: it takes one job at most.
+	SingleJob bool
+	Now       time.Time
 }
 
 // Poll is what a poll writes.

@@ -10,6 +10,8 @@
 //   - faults are injected per route: an HTTP status, a hang until the
 //     client gives up, a malformed 200 body, or (for polls) a batch taken
 //     from the queue whose response is never written;
+//   - an empty poll is held up to the daemon's timeout_s (at most a cap),
+//     or, WithHoldForever, until the daemon gives up;
 //   - a test waits for a condition with Wait, which re-checks it each time a
 //     request arrives instead of sleeping.
 package fakecp
@@ -94,6 +96,8 @@ type CP struct {
 	cursor    bool
 	maxBatch  int
 	maxHold   time.Duration
+	holdEver  bool
+	delivered map[string]int
 	workerID  *string
 	helloFunc func(*messages.HelloRequest) messages.HelloResponse
 	token     string
@@ -115,6 +119,11 @@ func WithMaxBatch(n int) Option { return func(c *CP) { c.maxBatch = n } }
 // daemon's timeout_s is honoured when shorter).
 func WithMaxHold(d time.Duration) Option { return func(c *CP) { c.maxHold = d } }
 
+// WithHoldForever holds every empty poll open until the client gives up
+// (or the fake closes), whatever its timeout_s: a daemon that must not wait
+// for a held poll is seen not to.
+func WithHoldForever() Option { return func(c *CP) { c.holdEver = true } }
+
 // WithWorkerID sets the worker_id hello answers; nil makes the daemon keep
 // its provisional id. Default "w-fake".
 func WithWorkerID(id *string) Option { return func(c *CP) { c.workerID = id } }
@@ -135,7 +144,7 @@ func New(t testing.TB, opts ...Option) *CP {
 		t: t, closed: make(chan struct{}), changed: make(chan struct{}),
 		results: map[string][]messages.ExecResult{}, chunks: map[string][]byte{},
 		faults: map[Route][]*fault{}, cursor: true, maxBatch: 100, maxHold: 2 * time.Second,
-		workerID: &wid, blobs: map[string][]byte{},
+		workerID: &wid, blobs: map[string][]byte{}, delivered: map[string]int{},
 	}
 	for _, o := range opts {
 		o(c)
@@ -397,6 +406,15 @@ func (c *CP) WaitResult(execID string, timeout time.Duration) messages.ExecResul
 	return r
 }
 
+// DeliveredBy returns the index, in Polls(), of the poll whose answer first
+// carried command id; ok is false while no answer has carried it.
+func (c *CP) DeliveredBy(id string) (poll int, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	poll, ok = c.delivered[id]
+	return poll, ok
+}
+
 // Chunks returns the accepted log bytes of an exec, concatenated in order.
 func (c *CP) Chunks(execID string) []byte {
 	c.mu.Lock()
@@ -587,11 +605,17 @@ func (c *CP) poll(w http.ResponseWriter, r *http.Request, rec *Request) int {
 	}
 	c.mu.Lock()
 	c.polls = append(c.polls, req)
+	index := len(c.polls) - 1
+	holdEver := c.holdEver
 	c.notify()
 	c.mu.Unlock()
 	hold := min(time.Duration(req.TimeoutS*float64(time.Second)), c.maxHold)
 	deadline := time.NewTimer(hold)
 	defer deadline.Stop()
+	var expired <-chan time.Time
+	if !holdEver {
+		expired = deadline.C
+	}
 	for {
 		c.mu.Lock()
 		batch, lastSeq := c.take(&req)
@@ -601,13 +625,18 @@ func (c *CP) poll(w http.ResponseWriter, r *http.Request, rec *Request) int {
 			cur := strconv.FormatInt(max(c.acked, lastSeq), 10)
 			resp.Cursor = &cur
 		}
+		for _, cmd := range batch {
+			if _, seen := c.delivered[cmd.ID]; !seen {
+				c.delivered[cmd.ID] = index
+			}
+		}
 		c.mu.Unlock()
 		if len(batch) > 0 {
 			return c.write(w, &resp)
 		}
 		select {
 		case <-ch:
-		case <-deadline.C:
+		case <-expired:
 			return c.write(w, &resp)
 		case <-r.Context().Done():
 			return 0

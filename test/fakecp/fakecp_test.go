@@ -100,3 +100,34 @@ func TestFaults(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestHoldForeverAndDeliveredBy(t *testing.T) {
+	cp := fakecp.New(t, fakecp.WithLegacyCursor(), fakecp.WithHoldForever())
+	c := client(t, cp)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Poll(ctx, &messages.PollRequest{TimeoutS: 0.01})
+		done <- err
+	}()
+	cp.Wait(5*time.Second, "the poll held", func() bool { return len(cp.Polls()) == 1 })
+	// Its timeout_s passed long ago; only the client giving up ends it.
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("an empty poll was answered although the fake holds it forever")
+	}
+	// Once the fake has seen the client go (the held poll ends, recorded
+	// with no status), nothing queued next can go to it.
+	cp.Wait(5*time.Second, "the held poll to end", func() bool { return cp.Count(fakecp.RoutePoll) == 1 })
+	id := cp.QueueKind(messages.KindResetBackoff, nil)
+	if _, ok := cp.DeliveredBy(id); ok {
+		t.Fatal("delivered before any poll carried it")
+	}
+	p, err := c.Poll(context.Background(), &messages.PollRequest{TimeoutS: 0.01})
+	if err != nil || len(p.Commands) != 1 {
+		t.Fatalf("%+v %v", p, err)
+	}
+	if n, ok := cp.DeliveredBy(id); !ok || n != 1 {
+		t.Fatalf("delivered by poll %d (%v), want the second (1)", n, ok)
+	}
+}

@@ -366,6 +366,9 @@ type DaemonOptions struct {
 	Token string
 	// CAFile is [server] ca_file (default the control plane's CA, if any).
 	CAFile string
+	// SingleJob sets keep_alive_s = 0 (a KeepAliveS of 0 means -1, a
+	// pool daemon): the daemon takes one job and exits.
+	SingleJob bool
 }
 
 // StartDaemon writes a config and starts nymph against cp.
@@ -378,7 +381,7 @@ func (cp *ControlPlane) StartDaemon(t testing.TB, o DaemonOptions) *Daemon {
 	if o.Runners == nil {
 		o.Runners = []string{"process", "echo"}
 	}
-	if o.KeepAliveS == 0 {
+	if o.KeepAliveS == 0 && !o.SingleJob {
 		o.KeepAliveS = -1
 	}
 	if o.GraceS == 0 {

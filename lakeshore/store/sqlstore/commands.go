@@ -19,6 +19,20 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 		hib = msPtr(c.HibernateUntil)
 	}
 	err := db.tx(ctx, func(tx querier) error {
+		if store.IsJob(c.Kind) {
+			// Under the worker's row lock: of two jobs racing for a
+			// single-job worker, one is refused.
+			if err := lockWorker(ctx, tx, c.WorkerID); err != nil {
+				return err
+			}
+			held, err := heldJob(ctx, tx, c.WorkerID)
+			if err != nil {
+				return err
+			}
+			if held != nil {
+				return held
+			}
+		}
 		// The increment takes the worker's row lock: concurrent enqueues on
 		// any replica get consecutive sequence numbers.
 		err := tx.QueryRow(ctx, `UPDATE workers SET last_seq = last_seq + 1,
@@ -53,8 +67,16 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int, ackNow bool, now time.Time) ([]store.Command, error) {
 	var out []store.Command
 	err := db.tx(ctx, func(tx querier) error {
-		if err := lockWorker(ctx, tx, workerID); err != nil {
-			return err
+		var (
+			single bool
+			jobSeq int64
+		)
+		err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ?`+tx.d.ForUpdate, workerID).Scan(&single, &jobSeq)
+		if errors.Is(err, sql.ErrNoRows) {
+			return notFound("worker", workerID)
+		}
+		if err != nil {
+			return fmt.Errorf("lock worker %s: %w", workerID, err)
 		}
 		// FOR UPDATE: a cancel withdrawing one of these commands either
 		// happens before (and the row is gone) or waits and then finds it
@@ -72,6 +94,15 @@ func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int,
 			if c.Kind == store.KindHibernate {
 				out = out[:i+1]
 				break
+			}
+		}
+		if single {
+			var took int64
+			out, took = oneJob(out, jobSeq)
+			if took != jobSeq {
+				if _, err := tx.Exec(ctx, `UPDATE workers SET job_seq = ? WHERE id = ?`, took, workerID); err != nil {
+					return fmt.Errorf("record single job: %w", err)
+				}
 			}
 		}
 		if len(out) == 0 {
@@ -117,6 +148,25 @@ func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int,
 		return nil, fmt.Errorf("take commands of %s: %w", workerID, err)
 	}
 	return out, nil
+}
+
+// oneJob cuts a single-job worker's batch before any job command but its
+// one job, jobSeq (0: it has none yet, and the first one in the batch
+// becomes it). It returns the batch and the job's seq.
+func oneJob(cmds []store.Command, jobSeq int64) ([]store.Command, int64) {
+	for i, c := range cmds {
+		if !store.IsJob(c.Kind) {
+			continue
+		}
+		switch jobSeq {
+		case 0:
+			jobSeq = c.Seq
+		case c.Seq:
+		default:
+			return cmds[:i], jobSeq
+		}
+	}
+	return cmds, jobSeq
 }
 
 // ListCommands implements store.Commands.

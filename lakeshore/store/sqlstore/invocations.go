@@ -158,10 +158,13 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 			return err
 		}
 		if w.State != operatorapi.StateActive || len(w.Capabilities.Runners) == 0 ||
-			(w.HibernatingUntil != nil && w.HibernatingUntil.After(c.Now)) {
+			(w.HibernatingUntil != nil && w.HibernatingUntil.After(c.Now)) || w.HasJob() {
 			return nil
 		}
 		limit := c.Limit
+		if w.SingleJob {
+			limit = 1
+		}
 		if max := int(w.Capabilities.MaxInvocations); max > 0 {
 			var running int
 			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM invocations WHERE worker_id = ? AND state = ?`,
@@ -399,8 +402,10 @@ func clipTail(s string) string {
 const restartedCond = `(w.incarnation <> '' AND c.acked_by <> '' AND c.acked_by <> w.incarnation)`
 
 // staleCond is true when the worker aliased w was last seen before the
-// deadline (the query's next two arguments) and is not hibernating past it.
-const staleCond = `(w.last_seen_at < ? AND (w.hibernating_until IS NULL OR w.hibernating_until < ?))`
+// deadline (the query's next two arguments), is not hibernating past it,
+// and is not a single-job worker holding its job (it polls no more once it
+// has its job, by design, so silence says nothing about it).
+const staleCond = `(w.last_seen_at < ? AND (w.hibernating_until IS NULL OR w.hibernating_until < ?) AND w.job_seq = 0)`
 
 // LostInvocations implements store.Invocations.
 func (db *DB) LostInvocations(ctx context.Context, staleBefore time.Time) ([]store.LostInvocation, error) {

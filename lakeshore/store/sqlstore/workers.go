@@ -16,7 +16,9 @@ import (
 const workerColumns = `w.id, w.namespace, w.machine_id, w.hello_label, w.label, w.state, w.tags, w.queues,
 	w.capabilities, w.versions, w.poll_queue, w.running, w.created_at, w.last_seen_at, w.hibernating_until,
 	w.last_seq, w.delivered_seq, w.acked_seq, w.queues_added, w.queues_removed, w.incarnation,
-	(SELECT COUNT(*) FROM commands c WHERE c.worker_id = w.id AND c.kind = 'setup' AND c.acked_at IS NULL)`
+	(SELECT COUNT(*) FROM commands c WHERE c.worker_id = w.id AND c.kind = 'setup' AND c.acked_at IS NULL),
+	w.single_job, w.job_seq, CASE WHEN w.single_job THEN (SELECT COUNT(*) FROM commands c WHERE c.worker_id = w.id
+		AND c.kind IN ('exec', 'run') AND c.delivered_at IS NULL AND c.acked_at IS NULL) ELSE 0 END`
 
 func scanWorker(row rowScanner) (store.Worker, error) {
 	var (
@@ -28,7 +30,8 @@ func scanWorker(row rowScanner) (store.Worker, error) {
 	)
 	err := row.Scan(&w.ID, &w.Namespace, &w.MachineID, &w.HelloLabel, &w.Label, &w.State, &tags, &queues,
 		&caps, &versions, &w.PollQueue, &runng, &created, &seen, &hib,
-		&w.LastSeq, &w.DeliveredSeq, &w.AckedSeq, &queuesAdded, &queuesRemoved, &w.Incarnation, &w.SetupPending)
+		&w.LastSeq, &w.DeliveredSeq, &w.AckedSeq, &queuesAdded, &queuesRemoved, &w.Incarnation, &w.SetupPending,
+		&w.SingleJob, &w.JobSeq, &w.JobsQueued)
 	if err != nil {
 		return store.Worker{}, err
 	}
@@ -152,10 +155,10 @@ func (db *DB) Hello(ctx context.Context, h store.Hello) (store.Worker, bool, err
 		// Two replicas may see the same daemon's hello at once: the insert
 		// that loses the unique race finds the winner's row and refreshes it.
 		n, err := tx.affected(ctx, `INSERT INTO workers (id, namespace, machine_id, hello_label, label, state, tags, queues,
-			capabilities, versions, created_at, last_seen_at, incarnation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			capabilities, versions, created_at, last_seen_at, incarnation, single_job) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (namespace, machine_id, hello_label) DO NOTHING`,
 			h.NewID, h.Namespace, h.MachineID, h.Label, label, operatorapi.StateActive, tags, queues, capsJSON, versions, ms(h.Now), ms(h.Now),
-			h.Incarnation)
+			h.Incarnation, h.SingleJob)
 		if err != nil {
 			return fmt.Errorf("insert worker: %w", err)
 		}
@@ -163,13 +166,16 @@ func (db *DB) Hello(ctx context.Context, h store.Hello) (store.Worker, bool, err
 		id := h.NewID
 		if !created {
 			err = tx.QueryRow(ctx, `UPDATE workers SET tags = ?, queues = ?, capabilities = ?, versions = ?, last_seen_at = ?,
-				hibernating_until = NULL, incarnation = ?,
+				hibernating_until = NULL, incarnation = ?, single_job = ?,
 				state = CASE WHEN EXISTS (SELECT 1 FROM commands c WHERE c.worker_id = workers.id AND c.kind = 'setup' AND c.acked_at IS NULL)
 					THEN 'setting_up' ELSE 'active' END
 				WHERE namespace = ? AND machine_id = ? AND hello_label = ? RETURNING id`,
-				tags, queues, capsJSON, versions, ms(h.Now), h.Incarnation, h.Namespace, h.MachineID, h.Label).Scan(&id)
+				tags, queues, capsJSON, versions, ms(h.Now), h.Incarnation, h.SingleJob, h.Namespace, h.MachineID, h.Label).Scan(&id)
 			if err != nil {
 				return fmt.Errorf("update worker: %w", err)
+			}
+			if err := settleSingleJob(ctx, tx, id, h.SingleJob, h.Now); err != nil {
+				return err
 			}
 		}
 		out, err = getWorker(ctx, tx, "", id)
@@ -301,4 +307,117 @@ func nonNilStatus(s []store.InvocationStatus) []store.InvocationStatus {
 		return []store.InvocationStatus{}
 	}
 	return s
+}
+
+// settleSingleJob is what a hello does to the job a single-job worker had.
+// Once that job has ended the hello is a new daemon process (the old one
+// sent nothing but its outcome after taking the job, and never acknowledged
+// the batch that brought it): everything delivered to the old process is
+// acknowledged, so none of it runs again, and the worker may take a job
+// again. A job not ended stays its job, unless the worker is single-job no
+// more.
+func settleSingleJob(ctx context.Context, tx querier, workerID string, singleJob bool, now time.Time) error {
+	var jobSeq, delivered int64
+	if err := tx.QueryRow(ctx, `SELECT job_seq, delivered_seq FROM workers WHERE id = ?`, workerID).Scan(&jobSeq, &delivered); err != nil {
+		return fmt.Errorf("read single job: %w", err)
+	}
+	if jobSeq == 0 {
+		return nil
+	}
+	ended, err := jobEnded(ctx, tx, workerID, jobSeq)
+	if err != nil {
+		return err
+	}
+	if ended {
+		// The old process is gone, so it acknowledges nothing itself:
+		// these acks name no incarnation.
+		if err := ackThrough(ctx, tx, workerID, "", delivered, now); err != nil {
+			return err
+		}
+	}
+	if ended || !singleJob {
+		if _, err := tx.Exec(ctx, `UPDATE workers SET job_seq = 0 WHERE id = ?`, workerID); err != nil {
+			return fmt.Errorf("clear single job: %w", err)
+		}
+	}
+	return nil
+}
+
+// jobEnded reports whether the job command at seq is over: acknowledged,
+// gone, its exec finished or its invocation in a final state.
+func jobEnded(ctx context.Context, tx querier, workerID string, seq int64) (bool, error) {
+	var acked, execDone, runDone bool
+	err := tx.QueryRow(ctx, `SELECT c.acked_at IS NOT NULL,
+		EXISTS (SELECT 1 FROM execs e WHERE e.command_id = c.id AND e.state = ?),
+		EXISTS (SELECT 1 FROM invocations i WHERE i.command_id = c.id AND i.state NOT IN (?, ?))
+		FROM commands c WHERE c.worker_id = ? AND c.seq = ?`,
+		operatorapi.ExecFinished, operatorapi.InvocationQueued, operatorapi.InvocationRunning, workerID, seq).Scan(&acked, &execDone, &runDone)
+	if errors.Is(err, sql.ErrNoRows) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read single job: %w", err)
+	}
+	return acked || execDone || runDone, nil
+}
+
+// heldJob returns the *store.SingleJobError that refuses another job for
+// a single-job worker that has its job, or nil when it may take one. The
+// caller holds the worker's row lock.
+func heldJob(ctx context.Context, tx querier, workerID string) (*store.SingleJobError, error) {
+	var (
+		single bool
+		jobSeq int64
+	)
+	err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ?`, workerID).Scan(&single, &jobSeq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, notFound("worker", workerID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read single job: %w", err)
+	}
+	if !single {
+		return nil, nil
+	}
+	query := `SELECT id, kind FROM commands WHERE worker_id = ? AND seq = ?`
+	args := []any{workerID, jobSeq}
+	if jobSeq == 0 {
+		query = `SELECT id, kind FROM commands WHERE worker_id = ? AND kind IN ('exec', 'run')
+			AND delivered_at IS NULL AND acked_at IS NULL ORDER BY seq LIMIT 1`
+		args = []any{workerID}
+	}
+	var cmdID, kind string
+	err = tx.QueryRow(ctx, query, args...).Scan(&cmdID, &kind)
+	if errors.Is(err, sql.ErrNoRows) {
+		if jobSeq == 0 {
+			return nil, nil
+		}
+		return &store.SingleJobError{WorkerID: workerID, Job: fmt.Sprintf("command seq %d", jobSeq), Delivered: true}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read single job: %w", err)
+	}
+	job, err := jobName(ctx, tx, cmdID, kind)
+	if err != nil {
+		return nil, err
+	}
+	return &store.SingleJobError{WorkerID: workerID, Job: job, Delivered: jobSeq > 0}, nil
+}
+
+// jobName names a job command for an operator: by its exec or invocation
+// id when it has one.
+func jobName(ctx context.Context, tx querier, cmdID, kind string) (string, error) {
+	table, noun := "execs", "exec"
+	if kind == store.KindRun {
+		table, noun = "invocations", "run"
+	}
+	var id string
+	err := tx.QueryRow(ctx, `SELECT id FROM `+table+` WHERE command_id = ?`, cmdID).Scan(&id)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return "command " + cmdID, nil
+	case err != nil:
+		return "", fmt.Errorf("name single job: %w", err)
+	}
+	return noun + " " + id, nil
 }

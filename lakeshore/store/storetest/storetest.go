@@ -1,6 +1,6 @@
 // Package storetest is the one conformance suite every store.Store passes:
 // what each method promises (the cursor, redelivery, claims guarded by
-// state, one-shot tokens, key rotation, idempotent reports, durability
+// state, one job for a single-job worker, one-shot tokens, key rotation, idempotent reports, durability
 // across a reopen), and, on a backend several replicas share, that those
 // promises hold when the replicas race each other.
 //
@@ -56,6 +56,11 @@ func Run(t *testing.T, b Backend) {
 		{"KeysLifecycle", testKeysLifecycle},
 		{"RebindKeyToRecreatedWorker", testRebindKeyToRecreatedWorker},
 		{"QueueEditsSurviveHelloAndReopen", testQueueEditsSurviveHelloAndReopen},
+		{"SingleJobWorkerIsHandedOneJob", testSingleJobWorkerIsHandedOneJob},
+		{"SingleJobNeverGetsASecondQueuedJob", testSingleJobNeverGetsASecondQueuedJob},
+		{"SingleJobClaimsOneInvocation", testSingleJobClaimsOneInvocation},
+		{"SingleJobHelloAfterItsJobEnded", testSingleJobHelloAfterItsJobEnded},
+		{"SingleJobRunIsNotLostToSilence", testSingleJobRunIsNotLostToSilence},
 		{"ConcurrentHelloCreatesOneWorker", testConcurrentHelloCreatesOneWorker},
 		{"ConcurrentEnqueueNumbersConsecutively", testConcurrentEnqueueNumbersConsecutively},
 		{"ConcurrentClaimsTakeEachInvocationOnce", testConcurrentClaimsTakeEachInvocationOnce},
@@ -63,6 +68,7 @@ func Run(t *testing.T, b Backend) {
 		{"ConcurrentCursorAcks", testConcurrentCursorAcks},
 		{"CancelRacingDelivery", testCancelRacingDelivery},
 		{"ConcurrentRotationsFromOneKey", testConcurrentRotationsFromOneKey},
+		{"ConcurrentJobsForASingleJobWorker", testConcurrentJobsForASingleJobWorker},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
