@@ -69,6 +69,11 @@ type Worker struct {
 	SetupPending int                   `json:"setupPending"`
 	Running      []InvocationStatus    `json:"running"`
 	Keys         []KeyInfo             `json:"keys"`
+	// LastSetup is how the newest setup the daemon ran ended (nil: none
+	// reported); Outcomes, in RouteGetWorker only, lists the recent setup
+	// and update outcomes, newest first (at most WorkerOutcomesShown).
+	LastSetup *WorkerOutcome  `json:"lastSetup,omitempty"`
+	Outcomes  []WorkerOutcome `json:"outcomes,omitempty"`
 }
 
 // InvocationStatus mirrors what the daemon last reported on poll.
