@@ -329,3 +329,26 @@ func TestWorkerOutcomes(t *testing.T) {
 		t.Fatalf("%d outcomes shown, last setup %+v", len(w.Outcomes), w.LastSetup)
 	}
 }
+
+// A follower of a queued invocation learns when a daemon takes it.
+func TestRunLogLongPollWakesOnDispatch(t *testing.T) {
+	e := newEnv(t)
+	sub := e.submit(operatorapi.InvocationRequest{Queue: "q-late", Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("echo")}})
+	inv := sub.Invocation.ID
+	got := make(chan operatorapi.InvocationLogs, 1)
+	go func() {
+		r := doCtx(t, context.Background(), http.MethodGet, e.url+"/v1/namespaces/default/invocations/"+inv+"/logs?wait=20", "", testAdmin, nil)
+		got <- decodeJS[operatorapi.InvocationLogs](t, r)
+	}()
+	e.waitParked(logKey(inv))
+	// Its first poll claims the invocation.
+	e.daemonUp(daemonSpec{machine: "late", label: "late", queue: "q-late", runners: []string{"echo"}})
+	select {
+	case l := <-got:
+		if l.State != operatorapi.InvocationRunning || len(l.Events) != 0 {
+			t.Fatalf("woken by the dispatch: %+v", l)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the follower was not woken by the dispatch")
+	}
+}

@@ -11,9 +11,8 @@ import (
 )
 
 // handleInvocationLogs answers one page of a run's output from a cursor;
-// with wait it long-polls until there is output after the cursor or the
-// invocation is over (an ack, a cancel or a loss wakes it as the output
-// does).
+// with wait it long-polls until there is output after the cursor, the
+// invocation's state changes (it is claimed, it ends) or the wait is over.
 func (s *Server) handleInvocationLogs(w http.ResponseWriter, r *http.Request) {
 	ns, err := namespace(r)
 	if err != nil {
@@ -44,6 +43,7 @@ func (s *Server) handleInvocationLogs(w http.ResponseWriter, r *http.Request) {
 	s.sweepLost(r.Context())
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	first := ""
 	for {
 		// Subscribed before reading, so nothing that lands in between is
 		// missed.
@@ -67,7 +67,10 @@ func (s *Server) handleInvocationLogs(w http.ResponseWriter, r *http.Request) {
 			writeOperatorError(w, err)
 			return
 		}
-		if wait == 0 || len(evs) > 0 || operatorapi.InvocationTerminal(inv.State) {
+		if first == "" {
+			first = inv.State
+		}
+		if wait == 0 || len(evs) > 0 || inv.State != first || operatorapi.InvocationTerminal(inv.State) {
 			release()
 			writeJSON(w, http.StatusOK, s.logsView(inv, evs, after, more))
 			return

@@ -12,7 +12,7 @@ import (
 // most output data in one answer, default DefaultLogBytes, at most
 // MaxLogBytes; one event always fits), and wait=<seconds> (at most
 // MaxWait: long-poll until there is output after the cursor or the
-// invocation is over).
+// invocation's state changes).
 const RouteInvocationLogs = "GET /v1/namespaces/{ns}/invocations/{inv_id}/logs"
 
 // Limits of RouteInvocationLogs.
