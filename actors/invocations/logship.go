@@ -28,12 +28,17 @@ type EventStore interface {
 type LogSettings struct {
 	// FlushEvery is how often what has accumulated is posted (200 ms).
 	FlushEvery time.Duration
-	// FlushBytes is the most data one event carries (64 KiB); a piece that
-	// reaches it is posted without waiting for the next tick.
+	// FlushBytes is how much output is posted without waiting for the
+	// next tick (64 KiB).
 	FlushBytes int
-	// MaxBuffered bounds the output one run holds while the control plane
-	// cannot be reached (4 MiB); past it the oldest pieces are dropped and
-	// the next event says how many bytes were lost.
+	// MaxPiece is the most data one event carries (1 MiB): while a post is
+	// on its way, what follows gathers in pieces this large, so that a
+	// run that writes fast is carried in few posts.
+	MaxPiece int
+	// MaxBuffered bounds the output one run holds while it cannot be
+	// posted (16 MiB, as for an exec's streamed output); past it the oldest
+	// pieces are dropped and the next event says how many bytes were
+	// lost.
 	MaxBuffered int
 	// PostTimeout bounds one post (10 s).
 	PostTimeout time.Duration
@@ -46,7 +51,8 @@ type LogSettings struct {
 const (
 	defaultLogFlushEvery  = 200 * time.Millisecond
 	defaultLogFlushBytes  = 64 << 10
-	defaultLogMaxBuffered = 4 << 20
+	defaultLogMaxPiece    = 1 << 20
+	defaultLogMaxBuffered = 16 << 20
 	defaultLogPostTimeout = 10 * time.Second
 	defaultLogRetryMin    = 200 * time.Millisecond
 	defaultLogRetryMax    = 10 * time.Second
@@ -63,10 +69,13 @@ func (s LogSettings) withDefaults() LogSettings {
 	if s.FlushBytes <= 0 {
 		s.FlushBytes = defaultLogFlushBytes
 	}
+	if s.MaxPiece <= 0 {
+		s.MaxPiece = defaultLogMaxPiece
+	}
 	if s.MaxBuffered <= 0 {
 		s.MaxBuffered = defaultLogMaxBuffered
 	}
-	s.MaxBuffered = max(s.MaxBuffered, s.FlushBytes)
+	s.MaxBuffered = max(s.MaxBuffered, s.MaxPiece)
 	if s.PostTimeout <= 0 {
 		s.PostTimeout = defaultLogPostTimeout
 	}
@@ -93,10 +102,11 @@ type piece struct {
 
 // logShipper posts one run's stdout and stderr to the control plane as
 // invocation.log events while the run goes on: what the runner writes is
-// cut into pieces (one stream each, at most FlushBytes, on UTF-8
-// boundaries), posted in order every FlushEvery or as soon as a piece is
-// full. A failed post keeps the pieces and is retried with backoff; it never
-// fails the run, and writes never block the runner. What is still unposted
+// cut into pieces (one stream each, at most MaxPiece, on UTF-8
+// boundaries), posted in order every FlushEvery or as soon as FlushBytes
+// are waiting. A failed post keeps the pieces and is retried with backoff;
+// it never fails the run, and writes never block the runner: past
+// MaxBuffered the oldest output is dropped, and the loss is reported. What is still unposted
 // when the run ends goes to the outbox, which keeps it on disk until the
 // control plane takes it. A control plane that refuses the output (4xx)
 // gets no more of it.
@@ -174,19 +184,19 @@ func (s *logShipper) add(stream string, p []byte) {
 		if n := len(s.pieces); n > 0 {
 			last = s.pieces[n-1]
 		}
-		if last == nil || last.sealed || last.stream != stream || len(last.data) >= s.set.FlushBytes {
+		if last == nil || last.sealed || last.stream != stream || len(last.data) >= s.set.MaxPiece {
 			s.seq++
 			last = &piece{stream: stream, seq: s.seq, dropped: s.dropped, at: time.Now()}
 			s.dropped = 0
 			s.pieces = append(s.pieces, last)
 		}
-		n := cutPoint(p, s.set.FlushBytes-len(last.data))
+		n := cutPoint(p, s.set.MaxPiece-len(last.data))
 		last.data = append(last.data, p[:n]...)
 		s.buffered += n
 		p = p[n:]
-		if len(last.data) >= s.set.FlushBytes {
-			s.kick()
-		}
+	}
+	if s.buffered >= s.set.FlushBytes {
+		s.kick()
 	}
 	s.trim()
 }

@@ -207,7 +207,7 @@ func deadURL(t *testing.T) string {
 func TestRunOutputBoundedWhileUnreachable(t *testing.T) {
 	const piece, pieces = 1 << 10, 20
 	logs := fast
-	logs.FlushBytes, logs.MaxBuffered = piece, 4*piece
+	logs.FlushBytes, logs.MaxPiece, logs.MaxBuffered = piece, piece, 4*piece
 	f, _ := shipFixture(t, func(spec runners.Spec) {
 		for i := 0; i < pieces; i++ {
 			spec.Stdout.Write(bytes.Repeat([]byte{'a' + byte(i)}, piece))

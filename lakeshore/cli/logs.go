@@ -33,7 +33,8 @@ returns.
 --json prints one JSON object per piece of output instead, each on a line:
 {"seq", "stream", "ts", "text", "dropped"} (text is the bytes as UTF-8,
 dropped counts the bytes the daemon had to drop before this piece because it
-could not reach the control plane for a long time).`,
+could not post them in time: the control plane was out of reach for long, or
+the function wrote faster than it could be carried).`,
 		Example: `  lakeshore invocations logs 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2
   lakeshore invocations logs 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2 --follow
   lakeshore invocations logs 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2 --json | jq -r 'select(.stream == "stderr") | .text'
@@ -133,7 +134,7 @@ func (p *logPrinter) page(page operatorapi.InvocationLogs) error {
 			continue
 		}
 		if ev.Dropped > 0 {
-			fmt.Fprintf(p.stderr, "lakeshore: [%d bytes of output lost here: the daemon could not reach the control plane]\n", ev.Dropped)
+			fmt.Fprintf(p.stderr, "lakeshore: [%d bytes of output lost here: the daemon could not post them in time]\n", ev.Dropped)
 		}
 		w := p.stdout
 		if ev.Stream == messages.StreamStderr {
@@ -191,14 +192,22 @@ func printOutput(out io.Writer, inv operatorapi.Invocation, page *operatorapi.In
 		return
 	}
 	var b strings.Builder
+	capped := page.More
 	for _, ev := range page.Events {
 		if ev.Dropped > 0 {
-			fmt.Fprintf(&b, "[%d bytes of output lost here: the daemon could not reach the control plane]\n", ev.Dropped)
+			fmt.Fprintf(&b, "[%d bytes of output lost here: the daemon could not post them in time]\n", ev.Dropped)
+		}
+		// A page holds one piece at least, and a piece may be larger than
+		// the cap.
+		if room := showOutputCap - b.Len(); len(ev.Data) > room {
+			b.Write(ev.Data[:max(room, 0)])
+			capped = true
+			break
 		}
 		b.Write(ev.Data)
 	}
 	fmt.Fprintf(out, "output:\n%s\n", indent(strings.ToValidUTF8(strings.TrimRight(b.String(), "\n"), "\uFFFD"), "  "))
-	if page.More {
+	if capped {
 		fmt.Fprintf(out, "… output capped at %d KiB; see `lakeshore invocations logs %s`\n", showOutputCap>>10, inv.ID)
 	}
 }
