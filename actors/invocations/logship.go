@@ -1,6 +1,7 @@
 package invocations
 
 import (
+	"bytes"
 	"context"
 	"sync"
 	"time"
@@ -106,10 +107,10 @@ type piece struct {
 // boundaries), posted in order every FlushEvery or as soon as FlushBytes
 // are waiting. A failed post keeps the pieces and is retried with backoff;
 // it never fails the run, and writes never block the runner: past
-// MaxBuffered the oldest output is dropped, and the loss is reported. What is still unposted
-// when the run ends goes to the outbox, which keeps it on disk until the
-// control plane takes it. A control plane that refuses the output (4xx)
-// gets no more of it.
+// MaxBuffered the oldest output is dropped, and the loss is reported. What
+// is still unposted when the run ends goes to the outbox, which keeps it on
+// disk until the control plane takes it. A control plane that refuses the
+// output (4xx) gets no more of it.
 type logShipper struct {
 	id       string
 	post     EventPoster
@@ -167,12 +168,12 @@ func (s *logShipper) write(stream string, p []byte) {
 		return
 	}
 	if c := s.carry[stream]; len(c) > 0 {
-		p = append(c, p...)
+		p = append(append(make([]byte, 0, len(c)+len(p)), c...), p...)
 	}
 	// A character cut by a read waits for its other bytes, so every event
 	// of UTF-8 output is UTF-8.
 	cut := len(p) - incompleteTail(p)
-	s.carry[stream] = append(s.carry[stream][:0], p[cut:]...)
+	s.carry[stream] = bytes.Clone(p[cut:])
 	s.add(stream, p[:cut])
 }
 
