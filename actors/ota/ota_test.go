@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -239,38 +238,39 @@ func (r *rig) waitLog(sub string, n int) {
 	wait.For(r.t, 20*time.Second, "log line "+sub, func() bool { return r.log.count(sub) >= n })
 }
 
-// outcome waits for the n-th ota.finished event and returns it with its
-// data.
-func (r *rig) outcome(n int) (messages.Event, messages.OtaOutcome) {
+// outcome waits for the ota.finished event of id (a command id, or an
+// auto-update's) and returns it with its data. The outbox posts side by
+// side, so outcomes are found by id, not by arrival.
+func (r *rig) outcome(id string) (messages.Event, messages.OtaOutcome) {
 	r.t.Helper()
-	var evs []messages.Event
-	r.cp.Wait(20*time.Second, fmt.Sprintf("ota.finished event #%d", n), func() bool {
-		evs = evs[:0]
+	var ev messages.Event
+	r.cp.Wait(20*time.Second, "the ota.finished event of "+id, func() bool {
 		for _, e := range r.cp.Events() {
-			if e.Kind == messages.EventOtaFinished {
-				evs = append(evs, e)
+			if e.Kind == messages.EventOtaFinished && e.InvocationID == id {
+				ev = e
+				return true
 			}
 		}
-		return len(evs) >= n
+		return false
 	})
 	var o messages.OtaOutcome
-	if err := messages.Unmarshal(evs[n-1].Data, &o); err != nil {
+	if err := messages.Unmarshal(ev.Data, &o); err != nil {
 		r.t.Fatalf("ota.finished data: %v", err)
 	}
-	if evs[n-1].WorkerID != "w-fake" {
-		r.t.Fatalf("ota.finished from worker %q", evs[n-1].WorkerID)
+	if ev.WorkerID != "w-fake" {
+		r.t.Fatalf("ota.finished from worker %q", ev.WorkerID)
 	}
-	return evs[n-1], o
+	return ev, o
 }
 
-// wantRefused checks the n-th outcome: the command's, refused with code and
-// a reason that says why.
-func (r *rig) wantRefused(n int, cmdID, code, reason string) {
+// wantRefused checks the outcome of a command: refused with code and a
+// reason that says why.
+func (r *rig) wantRefused(cmdID, code, reason string) {
 	r.t.Helper()
-	e, o := r.outcome(n)
-	if e.InvocationID != cmdID || o.Outcome != messages.OtaRefused || o.Code != code || o.Reason == nil ||
+	_, o := r.outcome(cmdID)
+	if o.Outcome != messages.OtaRefused || o.Code != code || o.Reason == nil ||
 		!strings.Contains(*o.Reason, reason) || o.Source != messages.OtaSourceCommand {
-		r.t.Fatalf("outcome #%d of %s: %s %+v, want refused %s %q", n, cmdID, e.InvocationID, o, code, reason)
+		r.t.Fatalf("outcome of %s: %+v, want refused %s %q", cmdID, o, code, reason)
 	}
 }
 
@@ -345,8 +345,8 @@ func TestNonHexChecksumRefused(t *testing.T) {
 	first := r.update("v2", "http://127.0.0.1:1/nymph", "not-a-checksum")
 	second := r.update("v2", "http://127.0.0.1:1/nymph", strings.Repeat("g", 64))
 	r.waitLog("ota_update refused", 2)
-	r.wantRefused(1, first, messages.OtaCodeInvalidCommand, "is not exactly 64 ASCII hex characters")
-	r.wantRefused(2, second, messages.OtaCodeInvalidCommand, "is not exactly 64 ASCII hex characters")
+	r.wantRefused(first, messages.OtaCodeInvalidCommand, "is not exactly 64 ASCII hex characters")
+	r.wantRefused(second, messages.OtaCodeInvalidCommand, "is not exactly 64 ASCII hex characters")
 	r.stillServing("after-refusal")
 	if inst.Calls() != 0 {
 		t.Fatalf("Install called %d times for invalid checksums", inst.Calls())
@@ -368,7 +368,7 @@ func TestFailedInstallKeepsBinaryAndPolling(t *testing.T) {
 	r.waitLog("update failed", 1)
 	assertUnchanged(t, exe, old)
 	r.stillServing("after-mismatch")
-	r.wantRefused(1, mismatch, messages.OtaCodeChecksumMismatch, "sha256 mismatch")
+	r.wantRefused(mismatch, messages.OtaCodeChecksumMismatch, "sha256 mismatch")
 
 	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Length", "100000")
@@ -379,7 +379,7 @@ func TestFailedInstallKeepsBinaryAndPolling(t *testing.T) {
 	r.waitLog("update failed", 2)
 	assertUnchanged(t, exe, old)
 	r.stillServing("after-truncation")
-	r.wantRefused(2, truncated, messages.OtaCodeFailed, "unexpected EOF")
+	r.wantRefused(truncated, messages.OtaCodeFailed, "unexpected EOF")
 	if _, ok := r.deps.State.Handoff(); ok {
 		t.Fatal("a failed update left a handoff")
 	}
@@ -397,9 +397,9 @@ func TestSelfExecDisabledInstallsAndResumes(t *testing.T) {
 	if !bytes.Equal(got, good) {
 		t.Fatal("the new binary is not installed")
 	}
-	if e, o := r.outcome(1); e.InvocationID != id || o.Outcome != messages.OtaInstalled || o.Version != "v2" ||
+	if _, o := r.outcome(id); o.Outcome != messages.OtaInstalled || o.Version != "v2" ||
 		o.Applies != messages.OtaAppliesNextRestart || o.SHA256 != sum(good) || o.Reason != nil {
-		t.Fatalf("outcome of %s: %s %+v", id, e.InvocationID, o)
+		t.Fatalf("outcome of %s: %+v", id, o)
 	}
 	r.stillServing("after-install")
 	if _, ok := r.deps.State.Handoff(); ok {
@@ -420,8 +420,8 @@ func TestAlreadyRunningIsSkipped(t *testing.T) {
 	running, _ := os.ReadFile(r.deps.RunningImage)
 	id := r.update("v1", "http://127.0.0.1:1/nymph", sum(running))
 	r.waitLog("already running", 1)
-	if e, o := r.outcome(1); e.InvocationID != id || o.Outcome != messages.OtaAlreadyRunning {
-		t.Fatalf("outcome of %s: %s %+v", id, e.InvocationID, o)
+	if _, o := r.outcome(id); o.Outcome != messages.OtaAlreadyRunning {
+		t.Fatalf("outcome of %s: %+v", id, o)
 	}
 	r.stillServing("after-skip")
 	if inst.Calls() != 0 {
@@ -439,10 +439,10 @@ func TestSecondUpdateRefusedWhileBusy(t *testing.T) {
 	wait.For(t, 20*time.Second, "the first install to start", func() bool { return inst.Calls() == 1 })
 	busy := r.update("v3", "http://127.0.0.1:1/b", strings.Repeat("b", 64))
 	r.waitLog("another update is in progress", 1)
-	r.wantRefused(1, busy, messages.OtaCodeBusy, "another update is in progress")
+	r.wantRefused(busy, messages.OtaCodeBusy, "another update is in progress")
 	close(inst.gate)
 	r.waitLog("update failed", 1)
-	r.wantRefused(2, first, messages.OtaCodeFailed, "boom")
+	r.wantRefused(first, messages.OtaCodeFailed, "boom")
 	r.stillServing("after-busy")
 	if inst.Calls() != 1 {
 		t.Fatalf("Install called %d times, want 1", inst.Calls())
@@ -464,8 +464,8 @@ func TestInstalledDrainsBeforeHandoff(t *testing.T) {
 	id := r.update("v2", "http://127.0.0.1:1/nymph", strings.Repeat("c", 64))
 	r.waitLog("draining in-flight execs", 1)
 	// The outcome is out before the exec of the new binary.
-	if e, o := r.outcome(1); e.InvocationID != id || o.Outcome != messages.OtaInstalled || o.Applies != messages.OtaAppliesNow {
-		t.Fatalf("outcome of %s: %s %+v", id, e.InvocationID, o)
+	if _, o := r.outcome(id); o.Outcome != messages.OtaInstalled || o.Applies != messages.OtaAppliesNow {
+		t.Fatalf("outcome of %s: %+v", id, o)
 	}
 	select {
 	case <-r.d.Done():
@@ -524,9 +524,8 @@ func TestAutoUpdateConverges(t *testing.T) {
 	}
 	// No command names an auto-update: its outcome is keyed by version and
 	// start.
-	if e, o := r.outcome(1); e.InvocationID != messages.AutoUpdateEventID("v2", clock.Now()) ||
-		o.Source != messages.OtaSourceAuto || o.Outcome != messages.OtaInstalled {
-		t.Fatalf("auto-update outcome: %s %+v", e.InvocationID, o)
+	if _, o := r.outcome(messages.AutoUpdateEventID("v2", clock.Now())); o.Source != messages.OtaSourceAuto || o.Outcome != messages.OtaInstalled {
+		t.Fatalf("auto-update outcome: %+v", o)
 	}
 	clock.Advance(2 * time.Minute)
 	r.waitLog("already installed", 1)
