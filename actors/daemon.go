@@ -79,12 +79,15 @@ type Settings struct {
 type Server interface {
 	poller.Server
 	execs.Server
+	invocations.EventPoster
 }
 
-// Results takes finished results durably (the outbox).
+// Results takes finished results durably (the outbox): exec results, run
+// acks, and events (setup outcomes, run output left over at a run's end).
 type Results interface {
 	execs.Results
 	invocations.Acks
+	setupqueue.Outcomes
 }
 
 // Deps are the implementations the caller chose.
@@ -233,6 +236,7 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 	}
 	dm.setupDeps = &setupqueue.Deps{
 		FIFO: dm.fifo, Runner: d.Runners["process"], Workdir: s.Workdir, Reprobe: d.Reprobe, Sink: dm.state,
+		Outcomes: d.Results, WorkerID: dm.state.WorkerID,
 		Log: d.Log.With().Str("actor", SetupName).Logger(), Jobs: d.Jobs, PropsOptions: o.propsOpts,
 	}
 	wiring := func(name string) jobparent.Wiring {
@@ -249,6 +253,7 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 		Wiring:  wiring(InvocationsName),
 		Runners: d.Runners, DefaultRunner: s.DefaultRunner, Workdir: s.Workdir,
 		Acks: d.Results, WorkerID: dm.state.WorkerID, Payloads: d.Server, Namespace: s.Namespace,
+		Events: d.Server, Leftovers: d.Results,
 	}
 	return dm, nil
 }

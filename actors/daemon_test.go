@@ -601,3 +601,34 @@ func TestStaleTerminatedKeepsTheLiveChild(t *testing.T) {
 		t.Fatalf("setup actor %v replaced by %v", live, now)
 	}
 }
+
+// Each setup that runs to its end is reported as a setup.finished event of
+// its command: the exit code, the duration and the output tail, a failure
+// as well as a success.
+func TestSetupOutcomesReported(t *testing.T) {
+	h := newHarness(t, setup{})
+	h.waitPolls(1)
+	failing := h.cp.QueueSetup(messages.Setup{Script: "echo preparing; echo 'no such package' >&2; exit 9", Name: ptr("deps")})
+	fine := h.cp.QueueSetup(messages.Setup{Script: "echo fine"})
+	outcomes := map[string]messages.SetupOutcome{}
+	h.cp.Wait(20*time.Second, "both setup outcomes", func() bool {
+		for _, e := range h.cp.Events() {
+			var o messages.SetupOutcome
+			if e.Kind == messages.EventSetupFinished && messages.Unmarshal(e.Data, &o) == nil {
+				if e.WorkerID != "w-fake" || e.TS == 0 {
+					t.Fatalf("setup event %+v", e)
+				}
+				outcomes[e.InvocationID] = o
+			}
+		}
+		return len(outcomes) == 2
+	})
+	f := outcomes[failing]
+	if f.State != messages.StateFailed || f.ExitCode != 9 || f.Name != "deps" ||
+		!strings.Contains(f.OutputTail, "preparing") || !strings.Contains(f.OutputTail, "no such package") {
+		t.Fatalf("failing setup: %+v", f)
+	}
+	if o := outcomes[fine]; o.State != messages.StateSucceeded || o.ExitCode != 0 || o.Name != "setup" || o.OutputTail != "fine\n" || o.Error != nil {
+		t.Fatalf("good setup: %+v", o)
+	}
+}

@@ -808,6 +808,64 @@ func goldenCases(t testing.TB) []goldenCase {
 			fresh: newOf[messages.Event](),
 		},
 		{
+			name: "Event/worker_id when set",
+			v:    messages.Event{InvocationID: "inv_1", Kind: "invocation.log", TS: 1, WorkerID: "w1"},
+			want: w(t).fixmap(5).str("invocation_id").str("inv_1").str("kind").str("invocation.log").
+				str("data").nil().str("ts").uint(1).str("worker_id").str("w1").bytes(),
+			fresh:     newOf[messages.Event](),
+			canonical: true,
+		},
+		{
+			name: "LogData",
+			v:    messages.LogData{Stream: messages.StreamStderr, Seq: 7, Data: messages.Bytes("oops\n")},
+			want: w(t).fixmap(3).str("stream").str("stderr").str("seq").uint(7).
+				str("data").bin([]byte("oops\n")).bytes(),
+			fresh:     newOf[messages.LogData](),
+			canonical: true,
+		},
+		{
+			name: "LogData/dropped and no data",
+			v:    messages.LogData{Stream: messages.StreamStdout, Seq: 9, Dropped: 70000},
+			want: w(t).fixmap(4).str("stream").str("stdout").str("seq").uint(9).
+				str("data").bin(nil).str("dropped").uint(70000).bytes(),
+			fresh: newOf[messages.LogData](),
+		},
+		{
+			name: "SetupOutcome",
+			v: messages.SetupOutcome{Name: "setup", State: messages.StateFailed, ExitCode: 9, DurationMs: 1200,
+				OutputTail: "oops\n"},
+			want: w(t).fixmap(6).str("name").str("setup").str("state").str("failed").str("exit_code").uint(9).
+				str("duration_ms").uint(1200).str("output_tail").str("oops\n").str("error").nil().bytes(),
+			fresh:     newOf[messages.SetupOutcome](),
+			canonical: true,
+		},
+		{
+			name: "SetupOutcome/could not run",
+			v:    messages.SetupOutcome{Name: "s", State: messages.StateFailed, ExitCode: -1, Error: sp("no bash")},
+			want: w(t).fixmap(6).str("name").str("s").str("state").str("failed").str("exit_code").int(-1).
+				str("duration_ms").uint(0).str("output_tail").str("").str("error").str("no bash").bytes(),
+			fresh:     newOf[messages.SetupOutcome](),
+			canonical: true,
+		},
+		{
+			name: "OtaOutcome/refused",
+			v: messages.OtaOutcome{Source: messages.OtaSourceCommand, Version: "2.0.0", Outcome: messages.OtaRefused,
+				Code: messages.OtaCodeChecksumMismatch, Reason: sp("sha256 mismatch"), SHA256: "00"},
+			want: w(t).fixmap(6).str("source").str("ota_update").str("version").str("2.0.0").str("outcome").str("refused").
+				str("code").str("checksum_mismatch").str("reason").str("sha256 mismatch").str("sha256").str("00").bytes(),
+			fresh:     newOf[messages.OtaOutcome](),
+			canonical: true,
+		},
+		{
+			name: "OtaOutcome/installed",
+			v: messages.OtaOutcome{Source: messages.OtaSourceAuto, Version: "2.0.0", Outcome: messages.OtaInstalled,
+				SHA256: "ab", Applies: messages.OtaAppliesNow},
+			want: w(t).fixmap(6).str("source").str("auto_update").str("version").str("2.0.0").str("outcome").str("installed").
+				str("reason").nil().str("sha256").str("ab").str("applies").str("now").bytes(),
+			fresh:     newOf[messages.OtaOutcome](),
+			canonical: true,
+		},
+		{
 			name: "ResultChunk",
 			v:    messages.ResultChunk{InvocationID: "inv_1", Seq: 300, Data: messages.Bytes("abc"), Last: true},
 			want: w(t).fixmap(4).str("invocation_id").str("inv_1").str("seq").uint(300).

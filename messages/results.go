@@ -74,12 +74,15 @@ const (
 )
 
 // Event is the body of POST /v1/daemon/event: progress, log lines and other
-// events of a running invocation.
+// events of a running invocation, and the outcomes of setups and updates
+// (see events.go). WorkerID is this project's extra, omitted when empty as
+// the ack's is: it names the posting daemon when no signature does.
 type Event struct {
 	InvocationID string             `msgpack:"invocation_id"`
 	Kind         string             `msgpack:"kind"`
 	Data         msgpack.RawMessage `msgpack:"data"`
 	TS           Epoch              `msgpack:"ts"`
+	WorkerID     string             `msgpack:"worker_id,omitempty"`
 }
 
 // normalize sends missing data as nil: an empty raw message would write

@@ -60,6 +60,10 @@ type Spec struct {
 	// Writes come from the runner's own goroutines; it must be safe for
 	// concurrent use.
 	Output io.Writer
+	// Stdout and Stderr, when non-nil, receive that stream alone as it is
+	// produced (Output still gets both), so that the output can travel
+	// with the name of its stream. The same concurrency rule applies.
+	Stdout, Stderr io.Writer
 }
 
 // Outcome is how an invocation ended. A function that fails is an outcome

@@ -3,7 +3,8 @@
 // injected registry by run_config.runner (the default runner only when
 // that is absent; an unknown kind fails the run with "unknown runner
 // kind: X"),
-// feeds the runner's output into the ledger's stdout tail, and acks the
+// feeds the runner's output into the ledger's stdout tail and streams it to
+// the control plane as invocation.log events (logship.go), and acks the
 // outcome at once through the outbox: succeeded with the result bytes,
 // failed or killed with a structured error.
 //
@@ -47,6 +48,12 @@ type Deps struct {
 	WorkerID  func() string
 	Payloads  payload.Store
 	Namespace string
+	// Events, when set, takes each run's output as it is produced
+	// (invocation.log events); Leftovers keeps what could not be posted by
+	// the end of the run. Logs tunes the batching.
+	Events    EventPoster
+	Leftovers EventStore
+	Logs      LogSettings
 }
 
 // Props returns the props of the invocations parent.
@@ -119,6 +126,12 @@ func (d *Deps) execute(ctx context.Context, r *messages.Run, tail *ledger.Tail) 
 	}
 	if t := r.RunConfig.TimeoutS; t > 0 && t < float64(math.MaxInt64/int64(time.Second)) {
 		spec.Timeout = time.Duration(t * float64(time.Second))
+	}
+	if ship := d.newLogShipper(r.InvocationID); ship != nil {
+		spec.Stdout, spec.Stderr = ship.writer(messages.StreamStdout), ship.writer(messages.StreamStderr)
+		// Closed before the ack is built and posted: the output is on its
+		// way by the time the run reads as over.
+		defer ship.Close()
 	}
 	out, err := runner.Run(ctx, spec)
 	if ctx.Err() != nil {

@@ -25,6 +25,11 @@
 // whatever the outcome, so a missing release or a bad checksum never turns
 // into a download loop.
 //
+// Every update that ends is reported to the control plane as an
+// ota.finished event (installed and when it applies, already running, or
+// refused with a code and the reason), through the outbox, so it survives
+// the exec of the new binary and a control plane that is briefly down.
+//
 // What must survive a crash of the actor (the update in progress, the last
 // auto-update attempt, the handoff) lives in State.
 package ota
@@ -33,6 +38,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -63,6 +69,13 @@ type Installer interface {
 	SelfExec() bool
 	// ExePath is the file Install replaces.
 	ExePath() string
+}
+
+// Outcomes takes each update's outcome event and posts it durably (the
+// outbox): it must reach the operator even when the daemon execs the new
+// binary right after, or the control plane is down for a while.
+type Outcomes interface {
+	Event(e *messages.Event) error
 }
 
 // ChecksumFunc returns the sha256 published for the binary at binaryURL
@@ -107,6 +120,10 @@ type Deps struct {
 	Jobs *sync.WaitGroup
 	// PropsOptions are added to the actor's props.
 	PropsOptions []actor.PropsOption
+	// Outcomes, when set, gets an ota.finished event for every update
+	// that ends, installed or refused; WorkerID names the daemon in it.
+	Outcomes Outcomes
+	WorkerID func() string
 }
 
 // State is what survives the actor: the update in progress, the last
@@ -176,13 +193,14 @@ const (
 
 // done is the self-message an update goroutine ends with.
 type done struct {
-	seq    uint64
-	source string
-	cmdID  string
-	cmd    messages.OtaUpdate
-	result outcome
-	inst   selfupdate.Installed
-	err    error
+	seq     uint64
+	source  string
+	cmdID   string
+	started time.Time
+	cmd     messages.OtaUpdate
+	result  outcome
+	inst    selfupdate.Installed
+	err     error
 }
 
 type otaActor struct {
@@ -233,10 +251,12 @@ func (a *otaActor) command(ctx actor.Context, cmdID string, cmd messages.OtaUpda
 		Str("url", dist.RedactURL(cmd.URL)).Logger()
 	if err := selfupdate.Validate(cmd); err != nil {
 		log.Warn().Err(err).Msg("ota_update refused; the running binary is unchanged and the daemon keeps polling")
+		a.report(done{source: sourceCommand, cmdID: cmdID, cmd: cmd, err: err}, "")
 		return
 	}
-	seq, ctxInstall, ok := a.begin(log)
-	if !ok {
+	seq, ctxInstall, err := a.begin(log)
+	if err != nil {
+		a.report(done{source: sourceCommand, cmdID: cmdID, cmd: cmd, err: err}, "")
 		return
 	}
 	log.Info().Str("sha256", strings.ToLower(cmd.SHA256)).Msg("ota_update accepted: installing")
@@ -270,14 +290,15 @@ func (a *otaActor) target(ctx actor.Context, version string) {
 		log.Warn().Msg("auto-update: no release source configured; not updating")
 		return
 	}
-	seq, ctxInstall, ok := a.begin(log)
-	if !ok {
+	seq, ctxInstall, err := a.begin(log)
+	if err != nil {
+		a.report(done{source: sourceAuto, started: now, cmd: messages.OtaUpdate{Version: version, URL: binURL}, err: err}, "")
 		return
 	}
 	log.Info().Str("running", a.d.Version).Dur("next_check_in", a.d.CheckInterval).
 		Msg("auto-update: the control plane's target differs from the running version; updating")
 	a.spawn(ctx, ctxInstall, seq, func(c context.Context) done {
-		d := done{seq: seq, source: sourceAuto, cmd: messages.OtaUpdate{Version: version, URL: binURL}}
+		d := done{seq: seq, source: sourceAuto, started: now, cmd: messages.OtaUpdate{Version: version, URL: binURL}}
 		sum, err := a.d.Checksum(c, binURL)
 		if err != nil {
 			d.err = fmt.Errorf("auto-update: read the checksum of %s: %w", dist.RedactURL(binURL), err)
@@ -292,28 +313,31 @@ func (a *otaActor) target(ctx actor.Context, version string) {
 	})
 }
 
-// begin claims the single update slot; it logs and returns false when an
+// errStopping refuses an update that arrives while the daemon stops.
+var errStopping = errors.New("ota: the daemon is stopping")
+
+// begin claims the single update slot; it logs and returns why not when an
 // update is already running or the daemon is stopping.
-func (a *otaActor) begin(log zerolog.Logger) (uint64, context.Context, bool) {
+func (a *otaActor) begin(log zerolog.Logger) (uint64, context.Context, error) {
 	st := a.d.State
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	switch {
 	case st.handoff != nil:
 		log.Warn().Err(selfupdate.ErrBusy).Msg("update refused: a new binary is installed and the daemon is draining to exec it")
-		return 0, nil, false
+		return 0, nil, fmt.Errorf("%w: a new binary is installed and the daemon is draining to exec it", selfupdate.ErrBusy)
 	case st.stopping:
 		log.Warn().Msg("update refused: the daemon is stopping")
-		return 0, nil, false
+		return 0, nil, errStopping
 	case st.busy != 0:
 		log.Warn().Err(selfupdate.ErrBusy).Msg("update refused: another update is in progress")
-		return 0, nil, false
+		return 0, nil, selfupdate.ErrBusy
 	}
 	st.seq++
 	st.busy = st.seq
 	c, cancel := context.WithCancel(context.Background())
 	st.cancel = cancel
-	return st.seq, c, true
+	return st.seq, c, nil
 }
 
 func (a *otaActor) spawn(ctx actor.Context, c context.Context, seq uint64, work func(context.Context) done) {
@@ -390,10 +414,17 @@ func (a *otaActor) finish(ctx actor.Context, d *done) {
 			ev = ev.Dur("next_check_in", a.d.CheckInterval)
 		}
 		ev.Msg("update failed: the running binary is unchanged and the daemon keeps polling")
+		a.report(*d, "")
 		return
 	case alreadyRunning:
 		log.Info().Msg("update skipped: this binary is already running")
+		a.report(*d, "")
 		return
+	}
+	if !a.d.Installer.SelfExec() || stopping {
+		a.report(*d, messages.OtaAppliesNextRestart)
+	} else {
+		a.report(*d, messages.OtaAppliesNow)
 	}
 	if !a.d.Installer.SelfExec() {
 		msg := "new binary installed; self-exec is disabled, so it applies at the next restart"
@@ -417,6 +448,62 @@ func (a *otaActor) finish(ctx actor.Context, d *done) {
 	log.Info().Str("path", d.inst.Path).Dur("grace", a.d.Grace).
 		Msg("new binary installed: no new work; draining in-flight execs and runs before exec")
 	ctx.Send(ctx.Parent(), &messages.Shutdown{Grace: a.d.Grace})
+}
+
+// report hands an update's outcome to the outbox: refused when d.err is
+// set, else what d.result says; applies is when an installed binary runs.
+// The outcome of an ota_update belongs to its command; that of an
+// auto-update to messages.AutoUpdateEventID of its start.
+func (a *otaActor) report(d done, applies string) {
+	if a.d.Outcomes == nil {
+		return
+	}
+	o := messages.OtaOutcome{Source: d.source, Version: d.cmd.Version, SHA256: strings.ToLower(d.cmd.SHA256)}
+	switch {
+	case d.err != nil || d.result == failed:
+		o.Outcome, o.Code = messages.OtaRefused, refusalCode(d.err)
+		reason := "unknown"
+		if d.err != nil {
+			reason = d.err.Error()
+		}
+		o.Reason = &reason
+	case d.result == alreadyRunning:
+		o.Outcome = messages.OtaAlreadyRunning
+	default:
+		o.Outcome, o.Applies = messages.OtaInstalled, applies
+	}
+	id := d.cmdID
+	if d.source == sourceAuto {
+		id = messages.AutoUpdateEventID(d.cmd.Version, d.started)
+	}
+	wid := ""
+	if a.d.WorkerID != nil {
+		wid = a.d.WorkerID()
+	}
+	ev, err := messages.NewEvent(id, messages.EventOtaFinished, wid, &o, a.d.Now())
+	if err == nil {
+		err = a.d.Outcomes.Event(ev)
+	}
+	if err != nil {
+		a.d.Log.Error().Err(err).Str("version", d.cmd.Version).Msg("update outcome not stored for posting")
+	}
+}
+
+// refusalCode names why an update was refused, for the operator.
+func refusalCode(err error) string {
+	switch {
+	case errors.Is(err, selfupdate.ErrChecksumMismatch):
+		return messages.OtaCodeChecksumMismatch
+	case errors.Is(err, selfupdate.ErrInvalidCommand):
+		return messages.OtaCodeInvalidCommand
+	case errors.Is(err, selfupdate.ErrNotExecutable):
+		return messages.OtaCodeNotExecutable
+	case errors.Is(err, selfupdate.ErrBusy):
+		return messages.OtaCodeBusy
+	case errors.Is(err, errStopping):
+		return messages.OtaCodeStopping
+	}
+	return messages.OtaCodeFailed
 }
 
 func fileSum(path string) (string, error) {

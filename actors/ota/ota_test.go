@@ -162,6 +162,8 @@ func newRig(t *testing.T, inst ota.Installer, mod func(*ota.Deps)) *rig {
 		State:        ota.NewState(),
 		Log:          log.With().Str("actor", ota.Name).Logger(),
 		RunningImage: running,
+		Outcomes:     ob,
+		WorkerID:     func() string { return "w-fake" },
 	}
 	if mod != nil {
 		mod(deps)
@@ -236,6 +238,42 @@ func (r *rig) waitLog(sub string, n int) {
 	wait.For(r.t, 20*time.Second, "log line "+sub, func() bool { return r.log.count(sub) >= n })
 }
 
+// outcome waits for the ota.finished event of id (a command id, or an
+// auto-update's) and returns it with its data. The outbox posts side by
+// side, so outcomes are found by id, not by arrival.
+func (r *rig) outcome(id string) (messages.Event, messages.OtaOutcome) {
+	r.t.Helper()
+	var ev messages.Event
+	r.cp.Wait(20*time.Second, "the ota.finished event of "+id, func() bool {
+		for _, e := range r.cp.Events() {
+			if e.Kind == messages.EventOtaFinished && e.InvocationID == id {
+				ev = e
+				return true
+			}
+		}
+		return false
+	})
+	var o messages.OtaOutcome
+	if err := messages.Unmarshal(ev.Data, &o); err != nil {
+		r.t.Fatalf("ota.finished data: %v", err)
+	}
+	if ev.WorkerID != "w-fake" {
+		r.t.Fatalf("ota.finished from worker %q", ev.WorkerID)
+	}
+	return ev, o
+}
+
+// wantRefused checks the outcome of a command: refused with code and a
+// reason that says why.
+func (r *rig) wantRefused(cmdID, code, reason string) {
+	r.t.Helper()
+	_, o := r.outcome(cmdID)
+	if o.Outcome != messages.OtaRefused || o.Code != code || o.Reason == nil ||
+		!strings.Contains(*o.Reason, reason) || o.Source != messages.OtaSourceCommand {
+		r.t.Fatalf("outcome of %s: %+v, want refused %s %q", cmdID, o, code, reason)
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 func sum(b []byte) string {
@@ -304,9 +342,11 @@ func TestNonHexChecksumRefused(t *testing.T) {
 	exe, old := privateExe(t)
 	inst := &fakeInstaller{exe: exe, selfExec: true}
 	r := newRig(t, inst, nil)
-	r.update("v2", "http://127.0.0.1:1/nymph", "not-a-checksum")
-	r.update("v2", "http://127.0.0.1:1/nymph", strings.Repeat("g", 64))
+	first := r.update("v2", "http://127.0.0.1:1/nymph", "not-a-checksum")
+	second := r.update("v2", "http://127.0.0.1:1/nymph", strings.Repeat("g", 64))
 	r.waitLog("ota_update refused", 2)
+	r.wantRefused(first, messages.OtaCodeInvalidCommand, "is not exactly 64 ASCII hex characters")
+	r.wantRefused(second, messages.OtaCodeInvalidCommand, "is not exactly 64 ASCII hex characters")
 	r.stillServing("after-refusal")
 	if inst.Calls() != 0 {
 		t.Fatalf("Install called %d times for invalid checksums", inst.Calls())
@@ -324,20 +364,22 @@ func TestFailedInstallKeepsBinaryAndPolling(t *testing.T) {
 	r := newRig(t, realUpdater(t, exe), nil)
 	good := elfBytes(t)
 
-	r.update("v2", serve(t, good), strings.Repeat("ab", 32))
+	mismatch := r.update("v2", serve(t, good), strings.Repeat("ab", 32))
 	r.waitLog("update failed", 1)
 	assertUnchanged(t, exe, old)
 	r.stillServing("after-mismatch")
+	r.wantRefused(mismatch, messages.OtaCodeChecksumMismatch, "sha256 mismatch")
 
 	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Length", "100000")
 		_, _ = w.Write(good[:len(good)/3])
 	}))
 	t.Cleanup(cut.Close)
-	r.update("v2", cut.URL+"/nymph", sum(good))
+	truncated := r.update("v2", cut.URL+"/nymph", sum(good))
 	r.waitLog("update failed", 2)
 	assertUnchanged(t, exe, old)
 	r.stillServing("after-truncation")
+	r.wantRefused(truncated, messages.OtaCodeFailed, "unexpected EOF")
 	if _, ok := r.deps.State.Handoff(); ok {
 		t.Fatal("a failed update left a handoff")
 	}
@@ -349,11 +391,15 @@ func TestSelfExecDisabledInstallsAndResumes(t *testing.T) {
 	exe, _ := privateExe(t)
 	r := newRig(t, realUpdater(t, exe), nil)
 	good := elfBytes(t)
-	r.update("v2", serve(t, good), sum(good))
+	id := r.update("v2", serve(t, good), sum(good))
 	r.waitLog("applies at the next restart", 1)
 	got, _ := os.ReadFile(exe)
 	if !bytes.Equal(got, good) {
 		t.Fatal("the new binary is not installed")
+	}
+	if _, o := r.outcome(id); o.Outcome != messages.OtaInstalled || o.Version != "v2" ||
+		o.Applies != messages.OtaAppliesNextRestart || o.SHA256 != sum(good) || o.Reason != nil {
+		t.Fatalf("outcome of %s: %+v", id, o)
 	}
 	r.stillServing("after-install")
 	if _, ok := r.deps.State.Handoff(); ok {
@@ -372,8 +418,11 @@ func TestAlreadyRunningIsSkipped(t *testing.T) {
 	inst := &fakeInstaller{exe: exe, selfExec: true}
 	r := newRig(t, inst, nil)
 	running, _ := os.ReadFile(r.deps.RunningImage)
-	r.update("v1", "http://127.0.0.1:1/nymph", sum(running))
+	id := r.update("v1", "http://127.0.0.1:1/nymph", sum(running))
 	r.waitLog("already running", 1)
+	if _, o := r.outcome(id); o.Outcome != messages.OtaAlreadyRunning {
+		t.Fatalf("outcome of %s: %+v", id, o)
+	}
 	r.stillServing("after-skip")
 	if inst.Calls() != 0 {
 		t.Fatal("installed a binary that is already running")
@@ -386,12 +435,14 @@ func TestSecondUpdateRefusedWhileBusy(t *testing.T) {
 	exe, _ := privateExe(t)
 	inst := &fakeInstaller{exe: exe, err: errors.New("boom"), gate: make(chan struct{})}
 	r := newRig(t, inst, nil)
-	r.update("v2", "http://127.0.0.1:1/a", strings.Repeat("a", 64))
+	first := r.update("v2", "http://127.0.0.1:1/a", strings.Repeat("a", 64))
 	wait.For(t, 20*time.Second, "the first install to start", func() bool { return inst.Calls() == 1 })
-	r.update("v3", "http://127.0.0.1:1/b", strings.Repeat("b", 64))
+	busy := r.update("v3", "http://127.0.0.1:1/b", strings.Repeat("b", 64))
 	r.waitLog("another update is in progress", 1)
+	r.wantRefused(busy, messages.OtaCodeBusy, "another update is in progress")
 	close(inst.gate)
 	r.waitLog("update failed", 1)
+	r.wantRefused(first, messages.OtaCodeFailed, "boom")
 	r.stillServing("after-busy")
 	if inst.Calls() != 1 {
 		t.Fatalf("Install called %d times, want 1", inst.Calls())
@@ -410,8 +461,12 @@ func TestInstalledDrainsBeforeHandoff(t *testing.T) {
 		Command: "touch " + started + "; while [ ! -e " + gate + " ]; do sleep 0.02; done; echo done"})
 	wait.For(t, 20*time.Second, "the long exec to start", func() bool { _, err := os.Stat(started); return err == nil })
 
-	r.update("v2", "http://127.0.0.1:1/nymph", strings.Repeat("c", 64))
+	id := r.update("v2", "http://127.0.0.1:1/nymph", strings.Repeat("c", 64))
 	r.waitLog("draining in-flight execs", 1)
+	// The outcome is out before the exec of the new binary.
+	if _, o := r.outcome(id); o.Outcome != messages.OtaInstalled || o.Applies != messages.OtaAppliesNow {
+		t.Fatalf("outcome of %s: %+v", id, o)
+	}
 	select {
 	case <-r.d.Done():
 		t.Fatal("the daemon stopped before its running exec finished")
@@ -466,6 +521,11 @@ func TestAutoUpdateConverges(t *testing.T) {
 	r.waitLog("applies at the next restart", 1)
 	if got, _ := os.ReadFile(exe); !bytes.Equal(got, good) {
 		t.Fatal("auto-update did not install the target")
+	}
+	// No command names an auto-update: its outcome is keyed by version and
+	// start.
+	if _, o := r.outcome(messages.AutoUpdateEventID("v2", clock.Now())); o.Source != messages.OtaSourceAuto || o.Outcome != messages.OtaInstalled {
+		t.Fatalf("auto-update outcome: %+v", o)
 	}
 	clock.Advance(2 * time.Minute)
 	r.waitLog("already installed", 1)

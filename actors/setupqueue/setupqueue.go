@@ -10,12 +10,16 @@
 // invocation: module "_setup", qualname = the setup's name or "setup", and
 // sudo runs it as root (runuser -u root --). After exit 0 with
 // refresh_capabilities, the host is probed again and the new capabilities
-// go out on the next poll.
+// go out on the next poll. Every setup that ran to its end (whatever its
+// exit code) is reported to the control plane as a setup.finished event of
+// its command id, with its exit code, duration and output tail, through the
+// outbox.
 package setupqueue
 
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"sync"
 	"time"
@@ -23,6 +27,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
 
+	"nymph/actors/ledger"
 	"nymph/messages"
 	"nymph/runners"
 )
@@ -139,6 +144,13 @@ type CapabilitiesSink interface {
 	SetUpdatedCapabilities(c messages.Capabilities)
 }
 
+// Outcomes takes each finished setup's outcome event and posts it durably
+// (the outbox), so that it reaches the operator even across a control plane
+// that is down for a while.
+type Outcomes interface {
+	Event(e *messages.Event) error
+}
+
 // Deps is what the setup-queue actor needs. It outlives every instance.
 type Deps struct {
 	FIFO *FIFO
@@ -149,8 +161,13 @@ type Deps struct {
 	// Reprobe returns the host's capabilities now.
 	Reprobe func(ctx context.Context) messages.Capabilities
 	Sink    CapabilitiesSink
-	Log     zerolog.Logger
-	Jobs    *sync.WaitGroup
+	// Outcomes, when set, gets a setup.finished event for every setup that
+	// ran to its end (or could not run at all); WorkerID names the daemon
+	// in it.
+	Outcomes Outcomes
+	WorkerID func() string
+	Log      zerolog.Logger
+	Jobs     *sync.WaitGroup
 	// PropsOptions are added to the actor's props.
 	PropsOptions []actor.PropsOption
 }
@@ -234,18 +251,24 @@ func (d *Deps) run(ctx context.Context, it item, attempt uint64) bool {
 		name = *s.Name
 	}
 	log := d.Log.With().Str("command_id", it.commandID).Str("setup", name).Uint64("attempt", attempt).Logger()
+	outcome := messages.SetupOutcome{Name: name, State: messages.StateFailed, ExitCode: messages.ExitFailed}
 	scratch, err := runners.NewScratchDir(d.Workdir, "setups", "setup")
 	if err != nil {
 		log.Error().Err(err).Msg("setup scratch dir")
+		msg := err.Error()
+		outcome.Error = &msg
+		d.report(it.commandID, outcome, log)
 		return true
 	}
 	defer os.RemoveAll(scratch)
+	tail := &ledger.Tail{}
 	spec := runners.Spec{
 		InvocationID: "setup-" + it.commandID,
 		Function:     messages.FunctionRef{Module: Module, Qualname: name},
 		Script:       s.Script,
 		ScratchDir:   scratch,
 		Workdir:      d.Workdir,
+		Output:       tail,
 	}
 	if s.Sudo {
 		spec.AsUser = "root"
@@ -258,16 +281,24 @@ func (d *Deps) run(ctx context.Context, it item, attempt uint64) bool {
 		return false
 	}
 	dur := time.Since(start)
+	outcome.DurationMs, outcome.OutputTail = uint64(dur.Milliseconds()), tail.String()
+	defer func() { d.report(it.commandID, outcome, log) }()
 	switch {
 	case err != nil:
 		log.Error().Err(err).Dur("took", dur).Msg("setup could not run")
+		msg := err.Error()
+		outcome.Error = &msg
 	case out.State != messages.StateSucceeded:
 		ev := log.Error().Str("state", out.State).Int("exit_code", out.ExitCode).Dur("took", dur)
+		outcome.ExitCode = int32(max(min(out.ExitCode, math.MaxInt32), math.MinInt32))
 		if out.Error != nil {
 			ev = ev.Str("error", out.Error.Message)
+			msg := out.Error.Message
+			outcome.Error = &msg
 		}
 		ev.Msg("setup failed")
 	default:
+		outcome.State, outcome.ExitCode = messages.StateSucceeded, 0
 		log.Info().Dur("took", dur).Msg("setup succeeded")
 		if s.RefreshCapabilities && d.Reprobe != nil && d.Sink != nil {
 			caps := d.Reprobe(context.Background())
@@ -276,4 +307,22 @@ func (d *Deps) run(ctx context.Context, it item, attempt uint64) bool {
 		}
 	}
 	return true
+}
+
+// report hands a finished setup's outcome to the outbox.
+func (d *Deps) report(commandID string, o messages.SetupOutcome, log zerolog.Logger) {
+	if d.Outcomes == nil {
+		return
+	}
+	wid := ""
+	if d.WorkerID != nil {
+		wid = d.WorkerID()
+	}
+	ev, err := messages.NewEvent(commandID, messages.EventSetupFinished, wid, &o, time.Now())
+	if err == nil {
+		err = d.Outcomes.Event(ev)
+	}
+	if err != nil {
+		log.Error().Err(err).Msg("setup outcome not stored for posting")
+	}
 }

@@ -149,6 +149,9 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	// The daemon's poller state, once it is built; rotate_key comes only
 	// after hello, long after.
 	var state *poller.State
+	// Update outcomes go through the outbox: one that installs is posted
+	// before the exec, or by the new binary from the workdir.
+	otaDeps.Outcomes, otaDeps.WorkerID = box, func() string { return state.WorkerID() }
 	keysOpt := keysChild(holder, client, cfg, func() string { return state.WorkerID() }, jobs, log)
 	d, err := actors.New(settings, actors.Deps{
 		Server: loggingServer{Client: client, log: log}, Results: box, Runners: registry, Reprobe: reprobe, Log: log,
@@ -273,6 +276,7 @@ func ordered(configured, have []string) []string {
 var (
 	_ actors.Server  = (*uplink.Client)(nil)
 	_ actors.Results = (*outbox.Outbox)(nil)
+	_ ota.Outcomes   = (*outbox.Outbox)(nil)
 	_ outbox.Poster  = (*uplink.Client)(nil)
 	_ uplink.Signer  = (*identity.Key)(nil)
 )

@@ -1,14 +1,17 @@
-// Package outbox owns the daemon's durable results: run acks and exec result
-// callbacks. A result is written to a file under the workdir while its first
-// post is on the way, and removed once the control plane accepted it; a post that fails
-// for a reason worth retrying (transport error, timeout, 5xx, 429, 401/403)
-// is retried with jittered exponential backoff, and results left over by a
-// previous daemon process are posted when the outbox opens again.
+// Package outbox owns the daemon's durable results: run acks, exec result
+// callbacks and events (setup and update outcomes, and run output that could
+// not be posted live). A result is written to a file under the workdir while
+// its first post is on the way, and removed once the control plane accepted
+// it; a post that fails for a reason worth retrying (transport error,
+// timeout, 5xx, 429, 401/403) is retried with jittered exponential backoff,
+// and results left over by a previous daemon process are posted when the
+// outbox opens again.
 //
-// Each result has a key ("exec:<id>", "ack:<id>"). From the daemon's view a
-// key is posted exactly once: a second submission of a key already seen is
-// dropped. The control plane treats a repeated result as a no-op, so a retry
-// after an answer that was lost on the way back is harmless.
+// Each result has a key ("exec:<id>", "ack:<id>", "event:<kind>:<id>"). From
+// the daemon's view a key is posted exactly once: a second submission of a
+// key already seen is dropped. The control plane treats a repeated result as
+// a no-op, so a retry after an answer that was lost on the way back is
+// harmless.
 package outbox
 
 import (
@@ -21,6 +24,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -155,6 +159,29 @@ func (o *Outbox) Ack(a *messages.Ack) error {
 		return err
 	}
 	return o.Submit("ack:"+a.InvocationID, uplink.PathAck, body)
+}
+
+// Event stores and posts one event: an outcome, or output a run could not
+// post itself. Its key is its kind, id and, for a log event, its seq, so a
+// second copy of the same event is dropped.
+func (o *Outbox) Event(e *messages.Event) error {
+	body, err := messages.Marshal(e)
+	if err != nil {
+		return err
+	}
+	return o.Submit(EventKey(e), uplink.PathEvent, body)
+}
+
+// EventKey is the outbox key of an event.
+func EventKey(e *messages.Event) string {
+	key := "event:" + e.Kind + ":" + e.InvocationID
+	if e.Kind == messages.EventInvocationLog {
+		var d messages.LogData
+		if messages.Unmarshal(e.Data, &d) == nil {
+			key += ":" + strconv.FormatUint(d.Seq, 10)
+		}
+	}
+	return key
 }
 
 // Submit stores body for path under key and posts it in the background. A

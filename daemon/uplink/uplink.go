@@ -43,6 +43,7 @@ const (
 	PathPoll  = "/v1/daemon/poll"
 	PathAck   = "/v1/daemon/ack"
 	PathKeys  = "/v1/daemon/keys"
+	PathEvent = "/v1/daemon/event"
 )
 
 // Limits of the transport.
@@ -340,6 +341,12 @@ func (c *Client) Poll(ctx context.Context, req *messages.PollRequest) (*messages
 // Ack posts the terminal outcome of one run.
 func (c *Client) Ack(ctx context.Context, a *messages.Ack) error {
 	return c.call(ctx, PathAck, a, nil)
+}
+
+// PostEvent posts one event (a run's output, a setup's or an update's
+// outcome) to /v1/daemon/event.
+func (c *Client) PostEvent(ctx context.Context, e *messages.Event) error {
+	return c.call(ctx, PathEvent, e, nil)
 }
 
 // ExecResult posts one exec's result callback.

@@ -71,7 +71,8 @@ func (a *app) daemonListCmd() *cobra.Command {
 		Aliases: []string{"ls"},
 		Short:   "List the daemons of the namespace",
 		Long: `List every daemon (worker row) of the namespace: id, label, state, queues,
-runners and when it was last seen. A daemon not seen for 60 s reads "stale".
+runners and when it was last seen. A daemon not seen for 60 s reads "stale";
+one whose newest setup script failed says so ("active, setup failed (exit 9)").
 
 --json prints {"workers": [...]} sorted by label, then id; with --watch, one
 such document per line and per refresh.`,
@@ -120,6 +121,9 @@ func (a *app) stateText(w operatorapi.Worker, now time.Time) string {
 	if w.Hibernating != nil && w.Hibernating.After(now) {
 		s += " (hibernating " + span(w.Hibernating.Sub(now)) + ")"
 	}
+	if failed := setupFailure(w.LastSetup); failed != "" {
+		s += ", " + failed
+	}
 	return s
 }
 
@@ -139,7 +143,10 @@ func (a *app) daemonShowCmd() *cobra.Command {
 		Use:   "show <daemon>",
 		Short: "Show one daemon: versions, tags, runners, queues, capabilities, keys",
 		Long: `Show everything the control plane knows about one daemon: state, versions,
-tags, runners, queues, capabilities, running invocations and enrolled keys.
+tags, runners, queues, capabilities, running invocations, the recent setup
+and update outcomes (newest first: a setup's exit code, duration and output
+tail; an update's installed version or why it was refused) and enrolled
+keys.
 
 --json prints the worker object exactly as the operator API returns it.`,
 		Example: `  lakeshore daemon show gpu-rig
@@ -247,6 +254,10 @@ func (a *app) printWorker(out io.Writer, w operatorapi.Worker) error {
 				fmt.Fprintf(out, "  -- stdout tail of %s --\n%s\n", r.InvocationID, indent(strings.TrimRight(r.StdoutTail, "\n"), "  | "))
 			}
 		}
+	}
+
+	if err := a.printOutcomes(out, w.Outcomes, now); err != nil {
+		return err
 	}
 
 	fmt.Fprintln(out, "keys:")

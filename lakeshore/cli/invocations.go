@@ -30,11 +30,12 @@ their queue takes one, then running, then succeeded, failed or killed (or
 cancelled, when an operator cancels it before any daemon started it).`,
 		Example: `  lakeshore invocations list --state running
   lakeshore invocations show 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2 --wait
+  lakeshore invocations logs 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2 --follow
   lakeshore invocations cancel 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2`,
 		Args: cobra.ArbitraryArgs,
 		RunE: groupRun,
 	}
-	cmd.AddCommand(a.invocationsListCmd(), a.invocationsShowCmd(), a.invocationsCancelCmd())
+	cmd.AddCommand(a.invocationsListCmd(), a.invocationsShowCmd(), a.invocationsLogsCmd(), a.invocationsCancelCmd())
 	return cmd
 }
 
@@ -129,11 +130,13 @@ func (a *app) invocationsShowCmd() *cobra.Command {
 	var jsonOut, wait bool
 	cmd := &cobra.Command{
 		Use:   "show <id>",
-		Short: "Show one invocation: state, daemon, times, result or error, output tail",
+		Short: "Show one invocation: state, daemon, times, result or error, output",
 		Long: `Show one invocation. The result is printed as JSON when it decodes as msgpack,
-else as text (or its size, when it is not text). --wait first waits until it
-is over. --json prints the invocation object as the operator API returns it
-(result base64).`,
+else as text (or its size, when it is not text). The output the function
+wrote is printed up to 64 KiB; 'invocations logs' prints all of it. --wait
+first waits until it is over. --json prints the invocation object as the
+operator API returns it (result base64; the output is at 'invocations logs
+--json').`,
 		Example: `  lakeshore invocations show 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2
   lakeshore invocations show 01J9Z8Q4T3N5V6W7X8Y9Z0A1B2 --wait --json | jq .error`,
 		Args: exactArgs(1, "one <id>"),
@@ -160,7 +163,13 @@ is over. --json prints the invocation object as the operator API returns it
 			if jsonOut {
 				return writeJSON(a.env.Stdout, inv)
 			}
-			return a.printInvocation(a.env.Stdout, inv)
+			var page *operatorapi.InvocationLogs
+			if p, err := c.InvocationLogs(ctx, inv.ID, 0, showOutputCap, 0); err == nil {
+				page = &p
+			} else {
+				fmt.Fprintf(a.env.Stderr, "lakeshore: the output of %s could not be read: %v\n", inv.ID, err)
+			}
+			return a.printInvocation(a.env.Stdout, inv, page)
 		}),
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
@@ -168,7 +177,7 @@ is over. --json prints the invocation object as the operator API returns it
 	return cmd
 }
 
-func (a *app) printInvocation(out io.Writer, inv operatorapi.Invocation) error {
+func (a *app) printInvocation(out io.Writer, inv operatorapi.Invocation, output *operatorapi.InvocationLogs) error {
 	now := a.env.Now()
 	tw := newTable(out)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
@@ -212,9 +221,7 @@ func (a *app) printInvocation(out io.Writer, inv operatorapi.Invocation) error {
 	if e := inv.Error; e != nil && e.Traceback != nil && *e.Traceback != "" {
 		fmt.Fprintf(out, "traceback:\n%s\n", indent(strings.TrimRight(*e.Traceback, "\n"), "  "))
 	}
-	if inv.StdoutTail != "" {
-		fmt.Fprintf(out, "output (tail):\n%s\n", indent(strings.TrimRight(inv.StdoutTail, "\n"), "  "))
-	}
+	printOutput(out, inv, output)
 	if inv.State == operatorapi.InvocationSucceeded {
 		fmt.Fprintf(out, "result (%d bytes):\n", len(inv.Result))
 		switch js, ok := MsgpackToJSON(inv.Result); {

@@ -61,6 +61,9 @@ func (a *app) runCmd() *cobra.Command {
 that polls a matching queue and offers the runner (process, python, docker,
 gvisor, slurm or echo; without --runner the daemon's default), and lakeshore
 waits for the outcome (a progress line on a terminal) and prints the result.
+While it runs, what the function writes is printed as it comes: its stdout
+to stdout, its stderr to stderr (not with --json; 'lakeshore invocations logs'
+has it then).
 
 The function is "module:qualname": for the python runner a Python function
 (package.module:Class.method); for process, docker, gvisor and slurm the
@@ -366,7 +369,9 @@ func (a *app) runInvocation(ctx context.Context, c *opclient.Client, f runFlags,
 	}
 	defer cancel()
 	last := inv
-	final, err := c.WaitInvocation(wctx, inv.ID, func(cur operatorapi.Invocation, err error) {
+	// The output prints as it comes (not with --json, whose stdout is the
+	// one document); the progress line leaves the terminal to it.
+	final, err := a.followRun(wctx, c, inv.ID, f.jsonOut, prog.Stop, func(cur operatorapi.Invocation, err error) {
 		if err != nil {
 			prog.Set(fmt.Sprintf("control plane unreachable, retrying (invocation %s)", inv.ID))
 			return

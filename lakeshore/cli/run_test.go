@@ -29,8 +29,11 @@ import (
 type simDaemon struct {
 	url, id, cursor string
 	runs            chan *messages.Run
-	mu              sync.Mutex
-	errs            []error
+	// talk holds a "talk" run between its first line of output and the
+	// rest, until the test closes it.
+	talk chan struct{}
+	mu   sync.Mutex
+	errs []error
 }
 
 func (s *simDaemon) call(ctx context.Context, path string, body, out any) error {
@@ -61,7 +64,7 @@ func (s *simDaemon) call(ctx context.Context, path string, body, out any) error 
 
 func startSimDaemon(t *testing.T, cp *realCP, queue string, runners ...string) *simDaemon {
 	t.Helper()
-	s := &simDaemon{url: cp.url, runs: make(chan *messages.Run, 100)}
+	s := &simDaemon{url: cp.url, runs: make(chan *messages.Run, 100), talk: make(chan struct{})}
 	v, proto := "0.1.0", messages.ProtocolVersion
 	var hr messages.HelloResponse
 	if err := s.call(context.Background(), "/v1/daemon/hello", messages.HelloRequest{
@@ -159,8 +162,43 @@ func (s *simDaemon) answer(ctx context.Context, run *messages.Run) error {
 			Error: &messages.AckError{Type: "Timeout", Message: "timed out after 1s"}}
 	case run.Function.Qualname == "hang":
 		return nil
+	case run.Function.Qualname == "talk":
+		// Output as nymph streams it: a first line, then (once the test
+		// lets it go) a warning and a last line, then the result.
+		if err := s.output(ctx, run.InvocationID, 1, messages.StreamStdout, "first line\n"); err != nil {
+			return err
+		}
+		select {
+		case <-s.talk:
+		case <-ctx.Done():
+			return nil
+		}
+		if err := s.output(ctx, run.InvocationID, 2, messages.StreamStderr, "a warning\n"); err != nil {
+			return err
+		}
+		if err := s.output(ctx, run.InvocationID, 3, messages.StreamStdout, "last line\n"); err != nil {
+			return err
+		}
+		ack.ResultBlob = messages.Bytes("42")
+	case run.Function.Qualname == "chatty":
+		// More output than `invocations show` prints.
+		for seq := uint64(1); seq <= 3; seq++ {
+			if err := s.output(ctx, run.InvocationID, seq, messages.StreamStdout, strings.Repeat(fmt.Sprintf("chunk %d ", seq), 4<<10)+"\n"); err != nil {
+				return err
+			}
+		}
 	}
 	return s.call(ctx, "/v1/daemon/ack", ack, nil)
+}
+
+// output posts one piece of a run's output, as nymph does.
+func (s *simDaemon) output(ctx context.Context, inv string, seq uint64, stream, text string) error {
+	ev, err := messages.NewEvent(inv, messages.EventInvocationLog, s.id,
+		&messages.LogData{Stream: stream, Seq: seq, Data: messages.Bytes(text)}, time.Now())
+	if err != nil {
+		return err
+	}
+	return s.call(ctx, "/v1/daemon/event", ev, nil)
 }
 
 func TestRunPrintsResultsAndExitCodes(t *testing.T) {
@@ -340,5 +378,135 @@ func TestJSONToMsgpackAndBack(t *testing.T) {
 	}
 	if js, ok := cli.MsgpackToJSON([]byte{0x81, 0x01, 0xa1, 'x'}); !ok || !strings.Contains(string(js), `"1": "x"`) {
 		t.Fatalf("integer map key: %s %v", js, ok)
+	}
+}
+
+// The output of a run is printed while it runs (stdout to stdout, stderr to
+// stderr, before the result), and afterwards by `invocations show` and
+// `invocations logs`.
+func TestRunPrintsOutputLiveAndAfter(t *testing.T) {
+	cp := newRealCP(t)
+	sim := startSimDaemon(t, cp, "talk", "process")
+	// The run says no more until `run` has printed its first line: what
+	// `run` prints, it prints live.
+	var once sync.Once
+	var seen bytes.Buffer
+	sink := writerFunc(func(p []byte) {
+		seen.Write(p)
+		if strings.Contains(seen.String(), "first line") {
+			once.Do(func() { close(sim.talk) })
+		}
+	})
+	r := cp.run(runOpts{stdout: sink}, "run", "--queue", "talk", "--runner", "process", "m:talk")
+	if r.code != 0 || r.stdout != "first line\nlast line\n42" || !strings.Contains(r.stderr, "a warning\n") {
+		t.Fatalf("run: %+v", r)
+	}
+	id := (<-sim.runs).InvocationID
+
+	r = cp.run(runOpts{}, "invocations", "show", id)
+	if r.code != 0 || !strings.Contains(r.stdout, "output:\n  first line\n  a warning\n  last line\n") || strings.Contains(r.stdout, "capped") {
+		t.Fatalf("show: %+v", r)
+	}
+	r = cp.run(runOpts{}, "invocations", "logs", id)
+	if r.code != 0 || r.stdout != "first line\nlast line\n" || r.stderr != "a warning\n" {
+		t.Fatalf("logs: %+v", r)
+	}
+	// Following a run that is over prints it all and returns.
+	if f := cp.run(runOpts{}, "invocations", "logs", "--follow", id); f.code != 0 || f.stdout != r.stdout || f.stderr != r.stderr {
+		t.Fatalf("logs --follow of a finished run: %+v", f)
+	}
+	r = cp.run(runOpts{}, "invocations", "logs", "--json", id)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 3 {
+		t.Fatalf("logs --json: %+v", r)
+	}
+	var second struct {
+		Seq    int64  `json:"seq"`
+		Stream string `json:"stream"`
+		Text   string `json:"text"`
+		TS     string `json:"ts"`
+	}
+	if err := json.Unmarshal([]byte(lines[1]), &second); err != nil || second.Seq != 2 || second.Stream != "stderr" ||
+		second.Text != "a warning\n" || second.TS == "" {
+		t.Fatalf("logs --json line 2: %q %v", lines[1], err)
+	}
+	if r := cp.run(runOpts{}, "invocations", "logs", "nosuch"); r.code == 0 || !strings.Contains(r.stderr, `no invocation "nosuch"`) {
+		t.Fatalf("logs of an unknown invocation: %+v", r)
+	}
+
+	// A run that says more than `show` prints: the start, and a note.
+	if r := cp.run(runOpts{}, "run", "--queue", "talk", "--runner", "process", "--no-wait", "m:chatty"); r.code != 0 {
+		t.Fatalf("chatty run: %+v", r)
+	}
+	id = (<-sim.runs).InvocationID
+	if r := cp.run(runOpts{}, "invocations", "show", "--wait", id); r.code != 0 || !strings.Contains(r.stdout, "chunk 1") ||
+		strings.Contains(r.stdout, "chunk 3") || !strings.Contains(r.stdout, "… output capped at 64 KiB; see `lakeshore invocations logs "+id+"`") {
+		t.Fatalf("show of a long output: code %d, %d bytes, stderr %q, tail %q", r.code, len(r.stdout), r.stderr, r.stdout[max(0, len(r.stdout)-200):])
+	}
+	if r := cp.run(runOpts{}, "invocations", "logs", id); r.code != 0 || !strings.Contains(r.stdout, "chunk 3") || len(r.stdout) < 3*8*(4<<10) {
+		t.Fatalf("logs of a long output: code %d, %d bytes", r.code, len(r.stdout))
+	}
+}
+
+// What daemons report about setups and updates: `daemon list` says when the
+// newest setup failed, `daemon show` lists the recent outcomes.
+func TestDaemonListAndShowOutcomes(t *testing.T) {
+	cp := newRealCP(t)
+	sim := startSimDaemon(t, cp, "q", "process")
+	script := filepath.Join(t.TempDir(), "setup.sh")
+	os.WriteFile(script, []byte("apt-get install -y nosuch\n"), 0o600)
+	r := cp.run(runOpts{}, "daemon", "setup", "sim", "--script", script, "--json")
+	var q operatorapi.Queued
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &q) != nil {
+		t.Fatalf("setup: %+v", r)
+	}
+	if r := cp.run(runOpts{}, "daemon", "list"); r.code != 0 || strings.Contains(r.stdout, "setup failed") {
+		t.Fatalf("list before the outcome: %+v", r)
+	}
+	post := func(id, kind string, data any) {
+		t.Helper()
+		ev, err := messages.NewEvent(id, kind, sim.id, data, time.Now())
+		if err == nil {
+			err = sim.call(context.Background(), "/v1/daemon/event", ev, nil)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	post(q.CommandID, messages.EventSetupFinished, &messages.SetupOutcome{Name: "setup", State: messages.StateFailed, ExitCode: 9,
+		DurationMs: 1500, OutputTail: "Reading package lists...\nE: Unable to locate package nosuch\n"})
+	reason := "ota: sha256 mismatch: downloaded 10 bytes hash to ab, the command says 00"
+	post(messages.AutoUpdateEventID("2.0.0", time.Now()), messages.EventOtaFinished, &messages.OtaOutcome{Source: messages.OtaSourceAuto,
+		Version: "2.0.0", Outcome: messages.OtaRefused, Code: messages.OtaCodeChecksumMismatch, Reason: &reason})
+
+	r = cp.run(runOpts{}, "daemon", "list")
+	if r.code != 0 || !strings.Contains(r.stdout, "active, setup failed (exit 9)") {
+		t.Fatalf("list: %+v", r)
+	}
+	r = cp.run(runOpts{}, "daemon", "show", "sim")
+	for _, want := range []string{"recent outcomes:", "auto-update-2.0.0-", "refused 2.0.0 (auto-update): checksum mismatch (" + reason + ")",
+		q.CommandID, "setup failed with exit 9 after 1.5s", "-- output tail of setup " + q.CommandID + " --",
+		"  | E: Unable to locate package nosuch", "active, setup failed (exit 9)"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("show lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Index(r.stdout, "refused 2.0.0") > strings.Index(r.stdout, "failed with exit 9") {
+		t.Fatalf("outcomes not newest first:\n%s", r.stdout)
+	}
+	var w operatorapi.Worker
+	r = cp.run(runOpts{}, "daemon", "show", "sim", "--json")
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &w) != nil || len(w.Outcomes) != 2 || w.Outcomes[1].Setup == nil ||
+		w.Outcomes[1].Setup.ExitCode != 9 || w.LastSetup == nil || w.Outcomes[0].Ota == nil || w.Outcomes[0].Ota.Code != "checksum_mismatch" {
+		t.Fatalf("show --json: %+v", r)
+	}
+	// A setup that then succeeds clears the flag.
+	r = cp.run(runOpts{}, "daemon", "setup", "sim", "--script", script, "--json")
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &q) != nil {
+		t.Fatalf("second setup: %+v", r)
+	}
+	post(q.CommandID, messages.EventSetupFinished, &messages.SetupOutcome{Name: "setup", State: messages.StateSucceeded, DurationMs: 20})
+	if r := cp.run(runOpts{}, "daemon", "list"); r.code != 0 || strings.Contains(r.stdout, "setup failed") {
+		t.Fatalf("list after a good setup: %+v", r)
 	}
 }

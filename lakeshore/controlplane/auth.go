@@ -81,6 +81,9 @@ func (s *Server) adminAuth(next http.HandlerFunc) http.HandlerFunc {
 type daemonPrincipal struct {
 	namespace string
 	tokenID   string // empty for the shared bootstrap token
+	// workerID is the worker of the key that signed the request; empty
+	// for a bearer, which names no worker (the body's worker_id does).
+	workerID string
 }
 
 type daemonHandler func(w http.ResponseWriter, r *http.Request, p daemonPrincipal)

@@ -229,6 +229,7 @@ const (
 	kNumber    = "number"
 	kUint32    = "integer from 0 to 4294967295"
 	kUint64    = "non-negative integer"
+	kInt32     = "integer from -2147483648 to 2147483647"
 	kBool      = "boolean"
 	kBytes     = "bytes"
 	kMapsList  = "list of maps"
@@ -296,6 +297,9 @@ func fits(v any, kind string) bool {
 	case kUint64:
 		n, ok := asInt(v)
 		return ok && n >= 0
+	case kInt32:
+		n, ok := asInt(v)
+		return ok && n >= math.MinInt32 && n <= math.MaxInt32
 	case kStrOrUint:
 		if _, ok := v.(string); ok {
 			return true

@@ -79,45 +79,6 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, _ daemonPrinc
 	writeMsgpack(w, http.StatusOK, map[string]any{"ok": true, "duplicate": !applied})
 }
 
-var eventChecks = []check{
-	{path: "invocation_id", required: true, kind: kNonEmpty},
-	{path: "kind", required: true, kind: kNonEmpty},
-	{path: "ts", kind: kNumber},
-}
-
-// handleEvent stores a progress, log or other event of an invocation.
-func (s *Server) handleEvent(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
-	body, err := readBody(w, r, limitChunk)
-	if err != nil {
-		writeDaemonError(w, err)
-		return
-	}
-	var ev messages.Event
-	err = decodeChecked(body, eventChecks, &ev)
-	if err != nil {
-		s.log.Info().Err(err).Msg("event refused as malformed")
-		writeDaemonError(w, err)
-		return
-	}
-	now := s.now()
-	ts := now
-	if ev.TS != 0 {
-		ts = epochTime(ev.TS)
-	}
-	data := []byte(ev.Data)
-	if len(data) == 0 {
-		data = []byte{0xc0}
-	}
-	if err := s.st.SaveEvent(r.Context(), store.Event{
-		ID: newULID(), InvocationID: ev.InvocationID, Kind: ev.Kind, Data: data, TS: ts, ReceivedAt: now,
-	}); err != nil {
-		s.log.Error().Err(err).Str("invocation_id", ev.InvocationID).Msg("event: store")
-		writeDaemonError(w, err)
-		return
-	}
-	writeMsgpack(w, http.StatusOK, map[string]any{"ok": true})
-}
-
 var resultChunkChecks = []check{
 	{path: "invocation_id", required: true, kind: kNonEmpty},
 	{path: "seq", kind: kUint64},

@@ -554,7 +554,7 @@ func TestStreamedOutputInOrderAndLongPoll(t *testing.T) {
 
 func TestAckEventAndResultChunkAreStored(t *testing.T) {
 	e := newEnv(t)
-	inv, _ := e.runningInvocation("m")
+	inv, d := e.runningInvocation("m")
 	ack := &messages.Ack{InvocationID: inv, State: messages.StateFailed, Error: &messages.AckError{Type: "ValueError", Message: "bad"}, WorkerID: "w"}
 	for i := 0; i < 2; i++ {
 		r := e.daemon("/v1/daemon/ack", ack)
@@ -574,7 +574,8 @@ func TestAckEventAndResultChunkAreStored(t *testing.T) {
 			t.Fatalf("ack %v: %d", m, r.status)
 		}
 	}
-	if r := e.daemon("/v1/daemon/event", map[string]any{"invocation_id": "inv1", "kind": "progress", "data": map[string]any{"pct": 50}, "ts": 1}); r.status != http.StatusOK {
+	if r := e.daemon("/v1/daemon/event", map[string]any{"invocation_id": inv, "kind": "invocation.progress", "data": map[string]any{"pct": 50},
+		"ts": 1, "worker_id": d.id}); r.status != http.StatusOK {
 		t.Fatalf("event: %d %q", r.status, r.body)
 	}
 	if r := e.daemon("/v1/daemon/event", map[string]any{"kind": "x"}); r.status != http.StatusUnprocessableEntity || errField(t, r) != "invocation_id" {

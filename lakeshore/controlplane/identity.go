@@ -221,7 +221,7 @@ func (s *Server) signedAuth(limit int64, next daemonHandler) http.HandlerFunc {
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		s.rotateIfOld(r, key)
-		next(w, r, daemonPrincipal{namespace: key.Namespace})
+		next(w, r, daemonPrincipal{namespace: key.Namespace, workerID: key.WorkerID})
 	}
 }
 

@@ -236,8 +236,11 @@ func TestEnrollmentAndSignedPollingOverTLS(t *testing.T) {
 	if r := e.send(e.signed(h.key, "/v1/daemon/ack", "", ack)); r.status != http.StatusNotFound {
 		t.Fatalf("signed ack: %d %q", r.status, r.body)
 	}
-	ev := mustMP(t, map[string]any{"invocation_id": "inv-1", "kind": "log", "data": "x"})
-	if r := e.send(e.signed(h.key, "/v1/daemon/event", "", ev)); r.status != http.StatusOK {
+	// The event route takes the poster from the key (the body names no
+	// worker) and answers, like the ack route, that inv-1 is unknown.
+	ev := mustMP(t, map[string]any{"invocation_id": "inv-1", "kind": messages.EventInvocationLog,
+		"data": map[string]any{"stream": "stdout", "seq": 1, "data": []byte("x")}})
+	if r := e.send(e.signed(h.key, "/v1/daemon/event", "", ev)); r.status != http.StatusNotFound || errField(t, r) != "invocation_id" {
 		t.Fatalf("signed event: %d %q", r.status, r.body)
 	}
 	// The exec callbacks stay authenticated by their 128-bit exec id.

@@ -731,6 +731,9 @@ func TestInvocationRoutesSurviveRandomInput(t *testing.T) {
 		{"POST", "/v1/namespaces/default/invocations", testAdmin, [][]byte{runBody, js(operatorapi.InvocationRequest{Script: "echo", AsUser: "root"})}},
 		{"GET", "/v1/namespaces/default/invocations", testAdmin, nil},
 		{"GET", "/v1/namespaces/default/invocations/" + id, testAdmin, nil},
+		{"GET", "/v1/namespaces/default/invocations/" + id + "/logs", testAdmin, nil},
+		{"POST", "/v1/daemon/event", testDaemon, [][]byte{mustMarshal(t, map[string]any{"invocation_id": id, "kind": messages.EventInvocationLog,
+			"worker_id": d.id, "ts": 5, "data": map[string]any{"stream": "stdout", "seq": 1, "data": []byte("out\n")}})}},
 		{"POST", "/v1/namespaces/default/invocations/" + id + "/cancel", testAdmin, [][]byte{[]byte("{}")}},
 		{"POST", "/v1/namespaces/default/payloads/presign", testAdmin, [][]byte{js(map[string]any{"op": "put", "size": 5, "key": "x", "jobId": "j", "kind": "k"})}},
 		{"POST", "/v1/namespaces/default/payloads/presign", testDaemon, [][]byte{mustMarshal(t, &messages.PresignRequest{Op: "get", Key: &key})}},
@@ -742,7 +745,8 @@ func TestInvocationRoutesSurviveRandomInput(t *testing.T) {
 			Invocations: []messages.InvocationStatus{{InvocationID: id, State: "running", StdoutTail: strings.Repeat("é", 20000)}}})}},
 	}
 	contentTypes := []string{"", messages.ContentType, "application/json", "application/octet-stream", "text/plain", ";;;=", "application/json; x=\""}
-	queries := []string{"", "?wait=0.01", "?wait=1e309", "?wait=NaN", "?state=running", "?state=%zz", "?limit=-1", "?limit=99999999999999999999", "?queue=" + strings.Repeat("q", 300)}
+	queries := []string{"", "?wait=0.01", "?wait=1e309", "?wait=NaN", "?state=running", "?state=%zz", "?limit=-1", "?limit=99999999999999999999", "?queue=" + strings.Repeat("q", 300),
+		"?after=99999999999999999999", "?after=-5&max_bytes=1", "?max_bytes=1e3"}
 	rng := rand.New(rand.NewPCG(7, 8))
 	requests := 0
 	for _, rt := range routes {

@@ -122,6 +122,7 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
 		out.Workers = append(out.Workers, s.workerView(wk, now))
 	}
 	s.withKeys(r.Context(), ns, out.Workers)
+	s.withOutcomes(r.Context(), ns, out.Workers, false)
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -133,6 +134,7 @@ func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	v := []operatorapi.Worker{s.workerView(wk, s.now())}
 	s.withKeys(r.Context(), wk.Namespace, v)
+	s.withOutcomes(r.Context(), wk.Namespace, v, true)
 	writeJSON(w, http.StatusOK, v[0])
 }
 

@@ -65,6 +65,7 @@ func (s *Server) routes() *http.ServeMux {
 		{operatorapi.RouteSubmitInvocation, s.adminAuth(s.handleSubmitInvocation)},
 		{operatorapi.RouteListInvocations, s.adminAuth(s.handleListInvocations)},
 		{operatorapi.RouteGetInvocation, s.adminAuth(s.handleGetInvocation)},
+		{operatorapi.RouteInvocationLogs, s.adminAuth(s.handleInvocationLogs)},
 		{operatorapi.RouteCancelInvocation, s.adminAuth(s.handleCancelInvocation)},
 		// Presign is both sides': JSON from an operator, anything else
 		// msgpack from a daemon.

@@ -75,6 +75,11 @@ type Worker struct {
 	// more, so it reads stale until its job ends and it exits.
 	SingleJob      bool `json:"singleJob"`
 	SingleJobTaken bool `json:"singleJobTaken"`
+	// LastSetup is how the newest setup the daemon ran ended (nil: none
+	// reported); Outcomes, in RouteGetWorker only, lists the recent setup
+	// and update outcomes, newest first (at most WorkerOutcomesShown).
+	LastSetup *WorkerOutcome  `json:"lastSetup,omitempty"`
+	Outcomes  []WorkerOutcome `json:"outcomes,omitempty"`
 }
 
 // InvocationStatus mirrors what the daemon last reported on poll.

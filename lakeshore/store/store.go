@@ -80,6 +80,7 @@ type Store interface {
 	Keys
 	Invocations
 	Nonces
+	Events
 	Close() error
 }
 
@@ -152,6 +153,8 @@ type Commands interface {
 	Take(ctx context.Context, workerID string, after int64, limit int, ackNow bool, now time.Time) ([]Command, error)
 	// ListCommands returns a worker's commands in sequence order.
 	ListCommands(ctx context.Context, workerID string) ([]Command, error)
+	// Command returns one command by id, whatever its worker and state.
+	Command(ctx context.Context, id string) (Command, error)
 }
 
 // Execs holds shell execs, their streamed output and their results.
@@ -193,7 +196,6 @@ type Tokens interface {
 // a repeat of an already stored ack or chunk changes nothing.
 type Reports interface {
 	SaveAck(ctx context.Context, a Ack) (applied bool, err error)
-	SaveEvent(ctx context.Context, e Event) error
 	SaveResultChunk(ctx context.Context, c ResultChunk) (applied bool, err error)
 }
 
@@ -374,7 +376,9 @@ type Ack struct {
 	ReceivedAt   time.Time
 }
 
-// Event is one progress/log/event record of an invocation; Data is msgpack.
+// Event is one record a daemon posted to /v1/daemon/event (see Events);
+// Data is msgpack. InvocationID is an invocation's id, or the command id of
+// the setup or update an outcome reports.
 type Event struct {
 	ID           string
 	InvocationID string
@@ -383,6 +387,12 @@ type Event struct {
 	Data         []byte
 	TS           time.Time
 	ReceivedAt   time.Time
+	// Seq orders an invocation's pieces of output and makes a repeat of
+	// one a no-op; an outcome has Seq 0 (one per command). Nil: neither.
+	Seq *int64
+	// Size is how many bytes of output a piece carries (what pages of
+	// output are capped by); 0 for other events.
+	Size int64
 }
 
 // ResultChunk is one piece of a streamed invocation result.

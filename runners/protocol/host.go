@@ -143,6 +143,7 @@ func (h *Host) Exec(ctx context.Context, spec runners.Spec, job Job) (runners.Ou
 	}
 	c := l.Command
 	c.Stdin, c.Output, c.Timeout, c.KillGrace = files.Args, spec.Output, spec.Timeout, h.KillGrace
+	c.Stdout, c.Stderr = spec.Stdout, spec.Stderr
 
 	log := job.Log
 	log.Debug().Strs("argv", c.Argv).Msg("starting")

@@ -590,13 +590,18 @@ func (s *suite) outputStreamed(t *testing.T) {
 	} else {
 		s.python(&spec, "output", nil)
 	}
-	output := newWatchedBuffer()
-	spec.Output = output
+	output, stdout, stderr := newWatchedBuffer(), newWatchedBuffer(), newWatchedBuffer()
+	spec.Output, spec.Stdout, spec.Stderr = output, stdout, stderr
 	out := s.run(t, context.Background(), r, spec)
 	wantState(t, out, messages.StateSucceeded)
 	got := output.String()
 	if !strings.Contains(got, "out-line") || !strings.Contains(got, "err-line") {
 		t.Fatalf("output = %q, want both out-line and err-line", got)
+	}
+	// Each stream also arrives alone, so it can be shipped under its name.
+	if o, e := stdout.String(), stderr.String(); !strings.Contains(o, "out-line") || strings.Contains(o, "err-line") ||
+		!strings.Contains(e, "err-line") || strings.Contains(e, "out-line") {
+		t.Fatalf("stdout = %q, stderr = %q: want out-line on stdout only and err-line on stderr only", o, e)
 	}
 }
 

@@ -43,6 +43,7 @@ const (
 	RoutePresign Route = "presign"
 	RouteBlob    Route = "blob"
 	RouteKeys    Route = "keys"
+	RouteEvent   Route = "event"
 )
 
 // Request is one recorded request.
@@ -89,6 +90,7 @@ type CP struct {
 	results   map[string][]messages.ExecResult
 	chunks    map[string][]byte
 	keys      []messages.KeysRequest
+	events    []messages.Event
 	faults    map[Route][]*fault
 	queue     []queued
 	seq       int64
@@ -154,6 +156,7 @@ func New(t testing.TB, opts ...Option) *CP {
 	mux.HandleFunc("POST /v1/daemon/poll", c.handle(RoutePoll, c.poll))
 	mux.HandleFunc("POST /v1/daemon/ack", c.handle(RouteAck, c.ack))
 	mux.HandleFunc("POST /v1/daemon/keys", c.handle(RouteKeys, c.keysRoute))
+	mux.HandleFunc("POST /v1/daemon/event", c.handle(RouteEvent, c.event))
 	mux.HandleFunc("POST /v1/daemon/exec/{exec_id}/result", c.handle(RouteResult, c.result))
 	mux.HandleFunc("POST /v1/daemon/exec/{exec_id}/chunk", c.handle(RouteChunk, c.chunk))
 	mux.HandleFunc("POST /v1/namespaces/{ns}/payloads/presign", c.handle(RoutePresign, c.presign))
@@ -422,6 +425,14 @@ func (c *CP) Chunks(execID string) []byte {
 	return slices.Clone(c.chunks[execID])
 }
 
+// Events returns the accepted events, in arrival order (a repeated post
+// appears twice).
+func (c *CP) Events() []messages.Event {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.events)
+}
+
 // Keys returns the recorded key rotation requests.
 func (c *CP) Keys() []messages.KeysRequest {
 	c.mu.Lock()
@@ -656,6 +667,20 @@ func (c *CP) ack(w http.ResponseWriter, r *http.Request, rec *Request) int {
 	c.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
 	return http.StatusNoContent
+}
+
+func (c *CP) event(w http.ResponseWriter, r *http.Request, rec *Request) int {
+	var e messages.Event
+	if err := messages.Unmarshal(rec.Body, &e); err != nil {
+		return c.bad(w, err, "body")
+	}
+	if e.InvocationID == "" || e.Kind == "" {
+		return c.bad(w, fmt.Errorf("missing"), "invocation_id")
+	}
+	c.mu.Lock()
+	c.events = append(c.events, e)
+	c.mu.Unlock()
+	return c.write(w, map[string]any{"ok": true})
 }
 
 func (c *CP) keysRoute(w http.ResponseWriter, r *http.Request, rec *Request) int {

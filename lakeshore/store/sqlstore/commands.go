@@ -183,6 +183,23 @@ func (db *DB) ListCommands(ctx context.Context, workerID string) ([]store.Comman
 	return out, nil
 }
 
+// Command implements store.Commands.
+func (db *DB) Command(ctx context.Context, id string) (store.Command, error) {
+	rows, err := db.reader().Query(ctx, `SELECT id, worker_id, seq, kind, body, created_at, delivered_at, acked_at FROM commands
+		WHERE id = ?`, id)
+	if err != nil {
+		return store.Command{}, fmt.Errorf("read command %s: %w", id, err)
+	}
+	out, err := scanCommands(rows)
+	if err != nil {
+		return store.Command{}, fmt.Errorf("read command %s: %w", id, err)
+	}
+	if len(out) == 0 {
+		return store.Command{}, notFound("command", id)
+	}
+	return out[0], nil
+}
+
 func scanCommands(rows *rows) ([]store.Command, error) {
 	defer rows.Close()
 	out := []store.Command{}

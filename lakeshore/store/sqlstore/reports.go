@@ -18,16 +18,6 @@ func (db *DB) SaveAck(ctx context.Context, a store.Ack) (bool, error) {
 	return n > 0, nil
 }
 
-// SaveEvent implements store.Reports.
-func (db *DB) SaveEvent(ctx context.Context, e store.Event) error {
-	_, err := db.writer().Exec(ctx, `INSERT INTO invocation_events (id, invocation_id, worker_id, kind, data, ts, received_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`, e.ID, e.InvocationID, e.WorkerID, e.Kind, nonNilBytes(e.Data), ms(e.TS), ms(e.ReceivedAt))
-	if err != nil {
-		return fmt.Errorf("save event of %s: %w", e.InvocationID, err)
-	}
-	return nil
-}
-
 // SaveResultChunk implements store.Reports.
 func (db *DB) SaveResultChunk(ctx context.Context, c store.ResultChunk) (bool, error) {
 	n, err := db.writer().affected(ctx, `INSERT INTO result_chunks (invocation_id, seq, data, last, received_at)

@@ -45,6 +45,7 @@ func Run(t *testing.T, b Backend) {
 		{"DurableAcrossReopen", testDurableAcrossReopen},
 		{"CleanupAndTokens", testCleanupAndTokens},
 		{"ReportsAreIdempotent", testReportsAreIdempotent},
+		{"EventsLogAndOutcomes", testEventsLogAndOutcomes},
 		{"InvocationClaimCancelFinishAndReopen", testInvocationClaimCancelFinishAndReopen},
 		{"ClaimRespectsCapacityRunnersAndState", testClaimRespectsCapacityRunnersAndState},
 		{"ReportRunningAndLost", testReportRunningAndLost},

@@ -311,7 +311,7 @@ func testReportsAreIdempotent(t *testing.T, e *env) {
 	if ok, err := db.SaveResultChunk(bg, c); !ok || err != nil {
 		t.Fatalf("next chunk: %v %v", ok, err)
 	}
-	if err := db.SaveEvent(bg, store.Event{ID: "ev1", InvocationID: "i1", Kind: "log", TS: t0, ReceivedAt: t0}); err != nil {
-		t.Fatal(err)
+	if ok, err := db.SaveEvent(bg, store.Event{ID: "ev1", InvocationID: "i1", Kind: "log", TS: t0, ReceivedAt: t0}); !ok || err != nil {
+		t.Fatal(ok, err)
 	}
 }
