@@ -64,6 +64,9 @@ type AckError struct {
 const (
 	ErrorTypeDaemon    = "DaemonError"
 	ErrorTypeCancelled = "Cancelled"
+	// ErrorTypeDaemonRestarted is a run the daemon was running when its
+	// process died; the next start reports it, its outcome unknown.
+	ErrorTypeDaemonRestarted = "DaemonRestarted"
 	// CancelledShutdownMessage is the message of a run cancelled because the
 	// daemon's shutdown grace ran out.
 	CancelledShutdownMessage = "daemon shutdown grace expired"

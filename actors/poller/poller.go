@@ -330,13 +330,13 @@ func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
 			// message, so the permit count the next maybePoll reads already
 			// holds it: max_invocations is never exceeded by a poll racing
 			// its own dispatch.
-			if !p.d.Ledger.Accept(ledger.Exec, b.ExecID, b) {
+			if !p.d.Ledger.AcceptCommand(ledger.Exec, b.ExecID, c.ID, b) {
 				p.d.Log.Warn().Str("command_id", c.ID).Str("exec_id", b.ExecID).Msg("exec already known; not run again")
 				continue
 			}
 			ctx.Send(ctx.Parent(), &messages.Dispatch{CommandID: c.ID, Kind: c.Kind, Body: b})
 		case *messages.Run:
-			if !p.d.Ledger.Accept(ledger.Run, b.InvocationID, b) {
+			if !p.d.Ledger.AcceptCommand(ledger.Run, b.InvocationID, c.ID, b) {
 				p.d.Log.Warn().Str("command_id", c.ID).Str("invocation_id", b.InvocationID).Msg("invocation already known; not run again")
 				continue
 			}

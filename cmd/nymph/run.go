@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors"
+	"nymph/actors/ledger"
 	"nymph/actors/ota"
 	"nymph/actors/poller"
 	"nymph/buildinfo"
@@ -26,6 +27,7 @@ import (
 	"nymph/daemon/orphans"
 	"nymph/daemon/outbox"
 	"nymph/daemon/uplink"
+	"nymph/daemon/workdirlock"
 	"nymph/identity"
 	"nymph/messages"
 	"nymph/runners"
@@ -48,9 +50,17 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if err := os.MkdirAll(cfg.Runtime.Workdir, 0o755); err != nil {
 		return &exitError{code: exitUsage, err: fmt.Errorf("[runtime] workdir: %w", err)}
 	}
+	// One daemon per workdir, before anything else touches it: a second
+	// one would sweep the first one's jobs as orphans and share its outbox.
+	lock, err := workdirlock.Acquire(cfg.Runtime.Workdir)
+	if err != nil {
+		return &exitError{code: exitFailed, err: err}
+	}
+	defer lock.Release()
 	// Jobs left running by a previous incarnation that died without
 	// stopping them (SIGKILL, OOM) carry this workdir's mark: end them
 	// before anything new starts, then mark this process for the next time.
+	// Holding the lock, this process knows that incarnation is dead.
 	marker := orphans.Marker(cfg.Runtime.Workdir)
 	if killed, err := orphans.Reap("/proc", marker); err != nil {
 		log.Warn().Err(err).Msg("could not look for processes left by a previous run")
@@ -114,6 +124,12 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
+	// The jobs the dead incarnation was running (ended above) get their
+	// outcome now: "the daemon restarted, outcome unknown".
+	recovered, err := box.Recover()
+	if err != nil {
+		log.Error().Err(err).Msg("could not read the job journal; jobs a previous run left are not reported")
+	}
 
 	keepAlive := time.Duration(cfg.Runtime.KeepAliveS) * time.Second
 	if cfg.Runtime.KeepAliveS < 0 {
@@ -147,11 +163,16 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	var state *poller.State
 	keysOpt := keysChild(holder, client, cfg, func() string { return state.WorkerID() }, jobs, log)
 	d, err := actors.New(settings, actors.Deps{
-		Server: loggingServer{Client: client, log: log}, Results: box, Runners: registry, Reprobe: reprobe, Log: log,
+		Server: loggingServer{Client: client, log: log}, Results: box, Journal: box, Runners: registry, Reprobe: reprobe, Log: log,
 		Jobs: jobs,
 	}, actors.WithChild(ota.Name, ota.Props(otaDeps), messages.KindOtaUpdate), keysOpt)
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
+	}
+	// A recovered job was reported; a redelivery of its command (the dead
+	// process had not acknowledged it) must not run it again.
+	for _, e := range recovered {
+		d.Ledger().MarkDone(ledger.Kind(e.Kind), e.ID)
 	}
 	state = d.PollerState()
 	log.Info().Str("version", buildinfo.Version).Str("server", cfg.Server.URL).Str("machine_id", machineID).
@@ -195,7 +216,7 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 		log.Warn().Err(err).Msg("results left for the next start")
 	}
 	if runErr == nil {
-		if err := handOff(updater, otaDeps.State, signalled.Load(), log); err != nil {
+		if err := handOff(updater, otaDeps.State, signalled.Load(), lock, log); err != nil {
 			return &exitError{code: exitFailed, err: err}
 		}
 	}
@@ -269,6 +290,7 @@ func ordered(configured, have []string) []string {
 var (
 	_ actors.Server  = (*uplink.Client)(nil)
 	_ actors.Results = (*outbox.Outbox)(nil)
+	_ actors.Journal = (*outbox.Outbox)(nil)
 	_ outbox.Poster  = (*uplink.Client)(nil)
 	_ uplink.Signer  = (*identity.Key)(nil)
 )

@@ -1,5 +1,6 @@
-// Package outbox owns the daemon's durable results: run acks and exec result
-// callbacks. A result is written to a file under the workdir while its first
+// Package outbox owns the daemon's durable results, run acks and exec result
+// callbacks, and the job journal (journal.go) that accounts for each job
+// from before it is spawned until its result is stored here. A result is written to a file under the workdir while its first
 // post is on the way, and removed once the control plane accepted it; a post that fails
 // for a reason worth retrying (transport error, timeout, 5xx, 429, 401/403)
 // is retried with jittered exponential backoff, and results left over by a
@@ -9,6 +10,10 @@
 // key is posted exactly once: a second submission of a key already seen is
 // dropped. The control plane treats a repeated result as a no-op, so a retry
 // after an answer that was lost on the way back is harmless.
+//
+// A stored result or journal entry that cannot be read (a crash mid-write,
+// a full disk, a hand edit) is logged with its name and set aside as
+// <name>.corrupt-<unix>; it never stops the daemon from starting.
 package outbox
 
 import (
@@ -64,6 +69,9 @@ type Outbox struct {
 	order   []string
 	pending int
 	closed  bool
+	// journalled maps the key of a journalled job's outcome to its
+	// journal entry's file.
+	journalled map[string]string
 }
 
 // Option configures an Outbox.
@@ -87,10 +95,11 @@ func WithRand(r func() float64) Option {
 // seenCap bounds the memory of keys already submitted.
 const seenCap = 1 << 16
 
-// Open creates dir if needed, and starts posting any results a previous
-// process left there.
+// Open creates dir (and its journal) if needed, and starts posting any
+// results a previous process left there. Recover then reports the jobs it
+// left without one.
 func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outbox, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, journalDir), 0o700); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -98,7 +107,7 @@ func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outb
 		dir: dir, post: post, log: logger.With().Str("component", "outbox").Logger(),
 		min: time.Second, max: 60 * time.Second, rand: rand.Float64,
 		sem: make(chan struct{}, 8), ctx: ctx, cancel: cancel,
-		seen: make(map[string]struct{}),
+		seen: make(map[string]struct{}), journalled: make(map[string]string),
 	}
 	for _, opt := range opts {
 		opt(o)
@@ -120,14 +129,9 @@ func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outb
 		if !strings.HasSuffix(name, ".msgpack") {
 			continue
 		}
-		data, err := os.ReadFile(full)
-		var rec record
-		if err == nil {
-			err = messages.Unmarshal(data, &rec)
-		}
-		if err != nil || rec.Key == "" || rec.Path == "" {
-			o.log.Error().Err(err).Str("file", full).Msg("unreadable stored result dropped")
-			_ = os.Remove(full)
+		rec, err := readRecord(full)
+		if err != nil {
+			o.setAside(full, err, "corrupt stored result set aside; it is not posted")
 			continue
 		}
 		o.remember(rec.Key)
@@ -185,6 +189,9 @@ func (o *Outbox) Submit(key, path string, body []byte) error {
 	if werr != nil {
 		o.log.Error().Err(werr).Str("key", key).Msg("result not stored on disk; posting from memory")
 		file = ""
+	} else {
+		// Stored: the job is accounted for without its journal entry.
+		o.endJob(key)
 	}
 	stored <- file
 	return werr
@@ -271,10 +278,14 @@ func (o *Outbox) deliver(rec record, stored <-chan string) {
 			return
 		}
 	}
-	if file := <-stored; file != "" {
-		if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
-			log.Error().Err(err).Msg("remove stored result")
-		}
+	file := <-stored
+	if file == "" {
+		// Never stored: the journal entry stood for it until now.
+		o.endJob(rec.Key)
+		return
+	}
+	if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.Error().Err(err).Msg("remove stored result")
 	}
 }
 
@@ -301,6 +312,23 @@ func retryable(err error) bool {
 func fileName(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:16]) + ".msgpack"
+}
+
+// readRecord reads one stored result; a record that does not decode, or
+// lacks its key or path, is corrupt.
+func readRecord(path string) (record, error) {
+	var rec record
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return rec, err
+	}
+	if err := messages.Unmarshal(data, &rec); err != nil {
+		return rec, err
+	}
+	if rec.Key == "" || rec.Path == "" {
+		return rec, errors.New("stored result without its key or path")
+	}
+	return rec, nil
 }
 
 func writeAtomic(path string, rec record) error {
