@@ -71,7 +71,7 @@ type Wiring struct {
 	Ledger *ledger.Ledger
 	// Journal records each job before it runs; nil records nothing.
 	Journal Journal
-	Log    zerolog.Logger
+	Log     zerolog.Logger
 	// Jobs counts the goroutines running or reporting jobs, so the daemon
 	// can wait for every outcome before it exits.
 	Jobs *sync.WaitGroup
