@@ -16,15 +16,6 @@ import (
 	"nymph/test/wait"
 )
 
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i > 0 && i+2 < len(b) && b[i+2] != 'Z'
-}
-
 // readPID waits for a job to write its pid to file.
 func readPID(t *testing.T, file string) int {
 	t.Helper()
@@ -73,14 +64,20 @@ func TestRestartReportsInterruptedJobsOnce(t *testing.T) {
 		Script:    ptr(fmt.Sprintf("echo run >> %s; echo $$ > %s; exec sleep 120", ran, runPID)),
 		RunConfig: messages.RunConfig{Env: map[string]string{k: v}}})
 	cp.Queue(execCmd, runCmd)
-	pids := []int{readPID(t, execPID), readPID(t, runPID)}
+	readPID(t, execPID)
+	readPID(t, runPID)
+	// By the jobs' mark, not their pids: a reaped pid may be another
+	// process's by the time it is looked at.
+	marked := func() int {
+		pids, _ := orphans.WithEnv("/proc", mark)
+		return len(pids)
+	}
+	jobs := marked()
 
 	_ = d.cmd.Process.Kill() // nymph alone: its jobs lead groups of their own
 	d.wait(10 * time.Second)
-	for _, p := range pids {
-		if !alive(p) {
-			t.Fatalf("job %d died with the daemon; the test needs it to outlive the crash", p)
-		}
+	if n := marked(); n != jobs || n < 2 {
+		t.Fatalf("%d of the jobs' %d processes outlived the daemon; the test needs them all", n, jobs)
 	}
 	if _, ok := cp.Result("long-exec"); ok || len(cp.Acks()) != 0 {
 		t.Fatal("an outcome was posted before the restart")
@@ -97,9 +94,7 @@ func TestRestartReportsInterruptedJobsOnce(t *testing.T) {
 		a.Error.Type != messages.ErrorTypeDaemonRestarted || !strings.Contains(a.Error.Message, "restart") {
 		t.Fatalf("interrupted run acked %+v (error %+v)", a, a.Error)
 	}
-	for _, p := range pids {
-		wait.For(t, 10*time.Second, fmt.Sprintf("the left-over job %d to be ended", p), func() bool { return !alive(p) })
-	}
+	wait.For(t, 10*time.Second, "the left-over jobs to be ended", func() bool { return marked() == 0 })
 
 	// The same commands again, then a marker exec: once that one is done,
 	// the poll that carried the repeats has been handled.

@@ -37,6 +37,10 @@ import (
 // what is left stays in the workdir for the next start.
 const outboxFlush = 10 * time.Second
 
+// recoveredFlush bounds the wait at start for the outcomes of the jobs a
+// dead process left to be posted.
+const recoveredFlush = 10 * time.Second
+
 func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	cfg, err := config.Load(configPath)
 	if err != nil {
@@ -129,6 +133,18 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	recovered, err := box.Recover()
 	if err != nil {
 		log.Error().Err(err).Msg("could not read the job journal; jobs a previous run left are not reported")
+	}
+	if len(recovered) > 0 {
+		// Before hello: the daemon's own account of an interrupted job
+		// ("restarted, outcome unknown") reaches the control plane before
+		// the new process shows itself, whatever the control plane makes
+		// of a worker that comes back without its jobs. Bounded, so an
+		// unreachable control plane delays the start, never blocks it.
+		flushCtx, cancel := context.WithTimeout(ctx, recoveredFlush)
+		if err := box.Flush(flushCtx); err != nil {
+			log.Warn().Err(err).Msg("interrupted jobs' outcomes not posted yet; they are retried in the background")
+		}
+		cancel()
 	}
 
 	keepAlive := time.Duration(cfg.Runtime.KeepAliveS) * time.Second

@@ -347,3 +347,40 @@ func mustMarshal(t *testing.T, v any) []byte {
 	}
 	return b
 }
+
+// Flush waits for what is pending, and says so when it cannot be posted
+// in time.
+func TestFlushWaitsForPendingPosts(t *testing.T) {
+	c, client := newRecordingCP(t)
+	c.setRefuse(true)
+	o := open(t, t.TempDir(), client, zerolog.Nop())
+	defer closeNow(o)
+	if err := o.Flush(context.Background()); err != nil {
+		t.Fatalf("flush of an empty outbox: %v", err)
+	}
+	if err := o.ExecResult("e1", &messages.ExecResult{ExitCode: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := o.Flush(ctx); err == nil || !strings.Contains(err.Error(), "1 result(s) not posted yet") {
+		t.Fatalf("flush while refused: %v", err)
+	}
+	c.setRefuse(false)
+	if err := o.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if results, _ := c.posted(); len(results["e1"]) != 1 {
+		t.Fatalf("posted %+v", results)
+	}
+	// Pending again after idle: a later flush waits for the new one.
+	if err := o.ExecResult("e2", &messages.ExecResult{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if results, _ := c.posted(); len(results["e2"]) != 1 {
+		t.Fatalf("posted %+v", results)
+	}
+}

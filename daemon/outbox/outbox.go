@@ -68,7 +68,9 @@ type Outbox struct {
 	seen    map[string]struct{}
 	order   []string
 	pending int
-	closed  bool
+	// idle is closed whenever pending drops to zero (Flush waits on it).
+	idle   chan struct{}
+	closed bool
 	// journalled maps the key of a journalled job's outcome to its
 	// journal entry's file.
 	journalled map[string]string
@@ -204,6 +206,25 @@ func (o *Outbox) Pending() int {
 	return o.pending
 }
 
+// Flush waits until every result submitted so far (and every one resumed
+// from disk) is posted or refused for good, or ctx ends. The outbox goes on
+// accepting results.
+func (o *Outbox) Flush(ctx context.Context) error {
+	o.mu.Lock()
+	if o.pending == 0 {
+		o.mu.Unlock()
+		return nil
+	}
+	idle := o.idle
+	o.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("outbox: %d result(s) not posted yet: %w", o.Pending(), ctx.Err())
+	}
+}
+
 // Close stops accepting results and waits until every pending one is posted
 // or ctx ends; what is still pending then stays on disk for the next run.
 func (o *Outbox) Close(ctx context.Context) error {
@@ -242,6 +263,9 @@ func (o *Outbox) remember(key string) {
 // rec once it is written ("" when it could not be).
 func (o *Outbox) start(rec record, stored <-chan string) {
 	o.mu.Lock()
+	if o.pending == 0 {
+		o.idle = make(chan struct{})
+	}
 	o.pending++
 	o.mu.Unlock()
 	o.wg.Add(1)
@@ -255,6 +279,9 @@ func (o *Outbox) deliver(rec record, stored <-chan string) {
 	defer func() {
 		o.mu.Lock()
 		o.pending--
+		if o.pending == 0 {
+			close(o.idle)
+		}
 		o.mu.Unlock()
 		o.wg.Done()
 	}()
