@@ -39,11 +39,14 @@ func TestJobsAreJournalledBeforeTheSpawn(t *testing.T) {
 	// A test that fails while a Begin is held must not hold the shutdown.
 	t.Cleanup(func() { close(g.release) })
 	h.waitPolls(1)
-	journal := filepath.Join(h.workdir, "outbox", "journal")
+	box := filepath.Join(h.workdir, "outbox")
 	marker := filepath.Join(h.workdir, "spawned")
 	entries := func() int {
-		m, _ := filepath.Glob(filepath.Join(journal, "*.msgpack"))
-		return len(m)
+		open, err := outbox.ReadJournal(box)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(open)
 	}
 	awaitBegin := func(want string) {
 		t.Helper()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"nymph/daemon/orphans"
+	"nymph/daemon/outbox"
 	"nymph/messages"
 	"nymph/test/fakecp"
 	"nymph/test/wait"
@@ -123,8 +124,8 @@ func TestRestartReportsInterruptedJobsOnce(t *testing.T) {
 	if code := d2.wait(20 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	if m, _ := filepath.Glob(filepath.Join(dir, "work", "outbox", "journal", "*")); len(m) != 0 {
-		t.Fatalf("journal left %v", m)
+	if open, err := outbox.ReadJournal(filepath.Join(dir, "work", "outbox")); err != nil || len(open) != 0 {
+		t.Fatalf("journal left %+v %v", open, err)
 	}
 }
 
@@ -135,14 +136,14 @@ func TestCorruptFilesDoNotStopTheStart(t *testing.T) {
 	cp := fakecp.New(t)
 	cfg, dir := writeConfig(t, cp, "")
 	box := filepath.Join(dir, "work", "outbox")
-	if err := os.MkdirAll(filepath.Join(box, "journal"), 0o700); err != nil {
+	if err := os.MkdirAll(box, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	bad := []string{filepath.Join(box, "0123abcd.msgpack"), filepath.Join(box, "journal", "4567ef01.msgpack")}
+	bad := []string{filepath.Join(box, "0123abcd.msgpack"), filepath.Join(box, outbox.JournalFile)}
 	if err := os.WriteFile(bad[0], []byte("\x83\xa3key\xa6exec:x\xa4pa"), 0o600); err != nil { // cut mid-write
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(bad[1], nil, 0o600); err != nil { // a full disk's empty file
+	if err := os.WriteFile(bad[1], []byte{0, 0, 0, 90, 1, 2}, 0o600); err != nil { // a record torn mid-append
 		t.Fatal(err)
 	}
 	d := start(t, nil, "run", "--config", cfg)
@@ -152,7 +153,12 @@ func TestCorruptFilesDoNotStopTheStart(t *testing.T) {
 		if !strings.Contains(out, `"file":"`+p+`"`) || !strings.Contains(out, "set aside") {
 			t.Fatalf("%s not logged by name:\n%s", p, out)
 		}
-		if _, err := os.Stat(p); !os.IsNotExist(err) {
+		if p == bad[1] {
+			// The journal starts again, clean.
+			if open, err := outbox.ReadJournal(box); err != nil || len(open) != 0 {
+				t.Fatalf("journal after the start: %+v %v", open, err)
+			}
+		} else if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Fatalf("%s still in place", p)
 		}
 		if m, _ := filepath.Glob(p + ".corrupt-*"); len(m) != 1 {

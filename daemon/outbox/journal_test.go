@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -101,13 +102,18 @@ func (l *syncLog) String() string {
 	return l.b.String()
 }
 
-func journalFiles(t *testing.T, dir string) []string {
+// openJobs lists the ids of the jobs the journal on disk holds open.
+func openJobs(t *testing.T, dir string) []string {
 	t.Helper()
-	m, err := filepath.Glob(filepath.Join(dir, "journal", "*"))
+	entries, err := outbox.ReadJournal(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m
+	var ids []string
+	for _, e := range entries {
+		ids = append(ids, e.Kind+":"+e.ID)
+	}
+	return ids
 }
 
 func open(t *testing.T, dir string, client *uplink.Client, log zerolog.Logger) *outbox.Outbox {
@@ -139,20 +145,20 @@ func TestJournalEntryLastsFromBeginToStoredOutcome(t *testing.T) {
 	if err := o.Begin(outbox.JobRun, "r1", "cmd-2"); err != nil {
 		t.Fatal(err)
 	}
-	if f := journalFiles(t, dir); len(f) != 2 {
-		t.Fatalf("journal holds %v, want 2 entries", f)
+	if got := openJobs(t, dir); strings.Join(got, " ") != "exec:e1 run:r1" {
+		t.Fatalf("journal holds %v, want both jobs", got)
 	}
 	if err := o.ExecResult("e1", &messages.ExecResult{ExitCode: 4}); err != nil {
 		t.Fatal(err)
 	}
-	if f := journalFiles(t, dir); len(f) != 1 {
-		t.Fatalf("journal holds %v after the exec's result, want the run's entry only", f)
+	if got := openJobs(t, dir); strings.Join(got, " ") != "run:r1" {
+		t.Fatalf("journal holds %v after the exec's result, want the run alone", got)
 	}
 	if err := o.Ack(&messages.Ack{InvocationID: "r1", State: messages.StateSucceeded}); err != nil {
 		t.Fatal(err)
 	}
-	if f := journalFiles(t, dir); len(f) != 0 {
-		t.Fatalf("journal holds %v after both outcomes", f)
+	if got := openJobs(t, dir); len(got) != 0 {
+		t.Fatalf("journal holds %v after both outcomes", got)
 	}
 	if err := o.Close(context.Background()); err != nil {
 		t.Fatal(err)
@@ -181,7 +187,10 @@ func TestRecoverReportsInterruptedJobsOnce(t *testing.T) {
 	if err := dead.ExecResult("done", &messages.ExecResult{ExitCode: 0, Stdout: "ok"}); err != nil {
 		t.Fatal(err)
 	}
-	wait.For(t, 10*time.Second, "the finished job's result", func() bool { r, _ := c.posted(); return len(r["done"]) == 1 })
+	wait.For(t, 10*time.Second, "the finished job's result to be posted and dropped", func() bool {
+		r, _ := c.posted()
+		return len(r["done"]) == 1 && len(files(t, dir)) == 0
+	})
 	closeNow(dead)
 
 	next := open(t, dir, client, zerolog.Nop())
@@ -210,8 +219,8 @@ func TestRecoverReportsInterruptedJobsOnce(t *testing.T) {
 	if len(results["done"]) != 1 {
 		t.Fatalf("the finished exec was reported again: %+v", results["done"])
 	}
-	if f := journalFiles(t, dir); len(f) != 0 {
-		t.Fatalf("journal holds %v after recovery", f)
+	if got := openJobs(t, dir); len(got) != 0 {
+		t.Fatalf("journal holds %v after recovery", got)
 	}
 	// And once only: a third start finds nothing to report.
 	third := open(t, dir, client, zerolog.Nop())
@@ -234,11 +243,8 @@ func TestRecoverPrefersAStoredOutcome(t *testing.T) {
 	if err := dead.Begin(outbox.JobExec, "e2", "cmd"); err != nil {
 		t.Fatal(err)
 	}
-	entries := journalFiles(t, dir)
-	if len(entries) != 1 {
-		t.Fatalf("journal %v", entries)
-	}
-	entry, err := os.ReadFile(entries[0])
+	log := filepath.Join(dir, outbox.JournalFile)
+	begun, err := os.ReadFile(log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,8 +252,8 @@ func TestRecoverPrefersAStoredOutcome(t *testing.T) {
 		t.Fatal(err)
 	}
 	closeNow(dead)
-	// Put the entry back as a crash just before its removal leaves it.
-	if err := os.WriteFile(entries[0], entry, 0o600); err != nil {
+	// The log as a crash just before the end record leaves it.
+	if err := os.WriteFile(log, begun, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c.setRefuse(false)
@@ -263,34 +269,30 @@ func TestRecoverPrefersAStoredOutcome(t *testing.T) {
 	if r := results["e2"]; len(r) != 1 || r[0].ExitCode != 7 || r[0].Stdout != "real" {
 		t.Fatalf("posted %+v, want the stored result once", r)
 	}
-	if f := journalFiles(t, dir); len(f) != 0 {
-		t.Fatalf("journal holds %v", f)
+	if got := openJobs(t, dir); len(got) != 0 {
+		t.Fatalf("journal holds %v", got)
 	}
 }
 
-// Truncated or garbled files (a crash mid-write, a full disk) are set aside
-// under a name that says so, logged with their name, and do not keep the
-// outbox from opening or the good entries from being reported.
-func TestCorruptFilesAreSetAside(t *testing.T) {
+// Stored results that are truncated or garbled (a crash mid-write, a full
+// disk) are set aside under a name that says so, logged with their name,
+// and keep neither the outbox from opening nor the good ones from being
+// posted.
+func TestCorruptResultsAreSetAside(t *testing.T) {
 	c, client := newRecordingCP(t)
+	c.setRefuse(true)
 	dir := t.TempDir()
 	dead := open(t, dir, client, zerolog.Nop())
-	if err := dead.Begin(outbox.JobExec, "good", "cmd"); err != nil {
+	if err := dead.ExecResult("good", &messages.ExecResult{ExitCode: 3}); err != nil {
 		t.Fatal(err)
 	}
 	closeNow(dead)
-	good := journalFiles(t, dir)[0]
-	whole, err := os.ReadFile(good)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c.setRefuse(false)
 	bad := map[string][]byte{
-		filepath.Join(dir, "journal", "truncated.msgpack"):  whole[:len(whole)/2],
-		filepath.Join(dir, "journal", "empty.msgpack"):      {},
-		filepath.Join(dir, "journal", "wrong-kind.msgpack"): mustMarshal(t, map[string]any{"kind": "setup", "id": "x"}),
-		filepath.Join(dir, "garbage.msgpack"):               []byte("\xc1\xc1 not msgpack"),
-		filepath.Join(dir, "no-key.msgpack"):                mustMarshal(t, map[string]any{"path": "/v1/daemon/ack"}),
-		filepath.Join(dir, "truncated-result.msgpack"):      mustMarshal(t, map[string]any{"key": "exec:z", "path": "/v1/daemon/exec/z/result", "body": []byte{0x81}})[:10],
+		filepath.Join(dir, "garbage.msgpack"):          []byte("\xc1\xc1 not msgpack"),
+		filepath.Join(dir, "empty.msgpack"):            {},
+		filepath.Join(dir, "no-key.msgpack"):           mustMarshal(t, map[string]any{"path": "/v1/daemon/ack"}),
+		filepath.Join(dir, "truncated-result.msgpack"): mustMarshal(t, map[string]any{"key": "exec:z", "path": "/v1/daemon/exec/z/result", "body": []byte{0x81}})[:10],
 	}
 	for p, b := range bad {
 		if err := os.WriteFile(p, b, 0o600); err != nil {
@@ -302,27 +304,14 @@ func TestCorruptFilesAreSetAside(t *testing.T) {
 	if err != nil {
 		t.Fatalf("open with corrupt files: %v", err)
 	}
-	got, err := next.Recover()
-	if err != nil || len(got) != 1 || got[0].ID != "good" {
-		t.Fatalf("recovered %+v %v, want the good entry", got, err)
-	}
 	if err := next.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	for p := range bad {
-		if _, err := os.Stat(p); !os.IsNotExist(err) {
-			t.Errorf("%s still in place", p)
-		}
-		aside, _ := filepath.Glob(p + ".corrupt-*")
-		if len(aside) != 1 {
-			t.Errorf("%s not set aside (found %v)", p, aside)
-		}
-		if !strings.Contains(log.String(), `"file":"`+p+`"`) || !strings.Contains(log.String(), `"moved_to":"`+p+`.corrupt-`) {
-			t.Errorf("%s not named in the log:\n%s", p, log.String())
-		}
+		expectSetAside(t, p, log.String())
 	}
-	if results, _ := c.posted(); len(results["good"]) != 1 || len(results) != 1 {
-		t.Fatalf("posted %+v, want the good entry's outcome only", results)
+	if results, _ := c.posted(); len(results["good"]) != 1 || results["good"][0].ExitCode != 3 || len(results) != 1 {
+		t.Fatalf("posted %+v, want the good result alone", results)
 	}
 	// Set aside, they are not read again.
 	log2 := &syncLog{}
@@ -330,12 +319,79 @@ func TestCorruptFilesAreSetAside(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := again.Recover(); err != nil || len(got) != 0 {
-		t.Fatalf("recovered %+v %v", got, err)
-	}
 	_ = again.Close(context.Background())
 	if strings.Contains(log2.String(), "corrupt") {
 		t.Fatalf("set-aside files read again:\n%s", log2.String())
+	}
+}
+
+// A journal torn at its end (a crash mid-append) or garbled in the middle
+// is logged by name and set aside; the jobs before the damage are still
+// reported, and the next start finds a clean journal.
+func TestCorruptJournalIsSetAside(t *testing.T) {
+	for name, damage := range map[string]func([]byte) []byte{
+		"torn tail":            func(b []byte) []byte { return append(b, 0, 0, 0, 40, 1, 2, 3, 4, 0x85) },
+		"torn header":          func(b []byte) []byte { return append(b, 0, 0) },
+		"flipped byte":         func(b []byte) []byte { b = append(b, b...); b[len(b)-3] ^= 0xff; return b },
+		"garbage length":       func(b []byte) []byte { return append(b, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0) },
+		"not a journal at all": func([]byte) []byte { return []byte("hello, I am not a journal\n") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, client := newRecordingCP(t)
+			dir := t.TempDir()
+			dead := open(t, dir, client, zerolog.Nop())
+			if err := dead.Begin(outbox.JobRun, "r-good", "cmd"); err != nil {
+				t.Fatal(err)
+			}
+			closeNow(dead)
+			path := filepath.Join(dir, outbox.JournalFile)
+			whole, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, damage(whole), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			wantGood := name != "not a journal at all"
+			if _, err := outbox.ReadJournal(dir); err == nil {
+				t.Fatal("ReadJournal did not see the damage")
+			}
+			log := &syncLog{}
+			next, err := outbox.Open(dir, client, zerolog.New(log))
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			got, err := next.Recover()
+			if err != nil {
+				t.Fatalf("recover: %v", err)
+			}
+			if wantGood && (len(got) != 1 || got[0].ID != "r-good") || !wantGood && len(got) != 0 {
+				t.Fatalf("recovered %+v", got)
+			}
+			if err := next.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			expectSetAside(t, path, log.String())
+			if _, acks := c.posted(); wantGood && len(acks) != 1 {
+				t.Fatalf("acks %+v, want the good job's", acks)
+			}
+			// The journal is clean again.
+			if got, err := outbox.ReadJournal(dir); err != nil || len(got) != 0 {
+				t.Fatalf("journal after recovery: %+v %v", got, err)
+			}
+		})
+	}
+}
+
+// expectSetAside checks that p was renamed to p.corrupt-<unix> and that
+// log names both.
+func expectSetAside(t *testing.T, p, log string) {
+	t.Helper()
+	if aside, _ := filepath.Glob(p + ".corrupt-*"); len(aside) != 1 {
+		t.Errorf("%s not set aside (found %v)", p, aside)
+	}
+	if !strings.Contains(log, `"file":"`+p+`"`) || !strings.Contains(log, `"moved_to":"`+p+`.corrupt-`) {
+		t.Errorf("%s not named in the log:\n%s", p, log)
 	}
 }
 
@@ -382,5 +438,87 @@ func TestFlushWaitsForPendingPosts(t *testing.T) {
 	}
 	if results, _ := c.posted(); len(results["e2"]) != 1 {
 		t.Fatalf("posted %+v", results)
+	}
+}
+
+// BenchmarkJournalledJob is what the journal adds to each job: the entry
+// written (fsynced) before the spawn and removed once the outcome is
+// stored. Compare with BenchmarkUnjournalledJob, the outcome alone.
+func BenchmarkJournalledJob(b *testing.B) { benchJob(b, true) }
+
+// BenchmarkUnjournalledJob stores and posts an outcome with no journal
+// entry.
+func BenchmarkUnjournalledJob(b *testing.B) { benchJob(b, false) }
+
+func benchJob(b *testing.B, journal bool) {
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	b.Cleanup(srv.Close)
+	client, err := uplink.New(srv.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	o, err := outbox.Open(b.TempDir(), client, zerolog.Nop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer o.Close(context.Background())
+	res := &messages.ExecResult{Stdout: "ok\n"}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		id := "e" + strconv.Itoa(i)
+		if journal {
+			if err := o.Begin(outbox.JobExec, id, "c"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := o.ExecResult(id, res); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := o.Flush(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// The log is emptied once no job is open and it has grown, never while a
+// job is open.
+func TestJournalIsEmptiedWhenIdle(t *testing.T) {
+	_, client := newRecordingCP(t)
+	dir := t.TempDir()
+	o := open(t, dir, client, zerolog.Nop())
+	defer closeNow(o)
+	size := func() int64 {
+		st, err := os.Stat(filepath.Join(dir, outbox.JournalFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Size()
+	}
+	if err := o.Begin(outbox.JobRun, "long", "c"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; size() < 80<<10; i++ {
+		id := "e" + strconv.Itoa(i)
+		if err := o.Begin(outbox.JobExec, id, "c"); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.ExecResult(id, &messages.ExecResult{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := openJobs(t, dir); strings.Join(got, " ") != "run:long" {
+		t.Fatalf("journal holds %v, want the long run alone", got)
+	}
+	if err := o.Ack(&messages.Ack{InvocationID: "long", State: messages.StateSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	if n := size(); n != 0 {
+		t.Fatalf("journal is %d bytes once idle, want emptied", n)
+	}
+	if err := o.Begin(outbox.JobExec, "next", "c"); err != nil {
+		t.Fatal(err)
+	}
+	if got := openJobs(t, dir); strings.Join(got, " ") != "exec:next" {
+		t.Fatalf("journal after emptying holds %v", got)
 	}
 }

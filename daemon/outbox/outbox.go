@@ -71,9 +71,8 @@ type Outbox struct {
 	// idle is closed whenever pending drops to zero (Flush waits on it).
 	idle   chan struct{}
 	closed bool
-	// journalled maps the key of a journalled job's outcome to its
-	// journal entry's file.
-	journalled map[string]string
+	// jr is the job journal.
+	jr *journal
 }
 
 // Option configures an Outbox.
@@ -101,7 +100,7 @@ const seenCap = 1 << 16
 // results a previous process left there. Recover then reports the jobs it
 // left without one.
 func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outbox, error) {
-	if err := os.MkdirAll(filepath.Join(dir, journalDir), 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -109,11 +108,12 @@ func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outb
 		dir: dir, post: post, log: logger.With().Str("component", "outbox").Logger(),
 		min: time.Second, max: 60 * time.Second, rand: rand.Float64,
 		sem: make(chan struct{}, 8), ctx: ctx, cancel: cancel,
-		seen: make(map[string]struct{}), journalled: make(map[string]string),
+		seen: make(map[string]struct{}),
 	}
 	for _, opt := range opts {
 		opt(o)
 	}
+	o.jr = newJournal(filepath.Join(dir, JournalFile), o.log)
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		cancel()
@@ -236,15 +236,20 @@ func (o *Outbox) Close(ctx context.Context) error {
 		o.wg.Wait()
 		close(done)
 	}()
+	var err error
 	select {
 	case <-done:
 		o.cancel()
-		return nil
 	case <-ctx.Done():
+		left := o.Pending() // counted before the cancelled posts give up
 		o.cancel()
 		<-done
-		return fmt.Errorf("outbox: %d result(s) left on disk: %w", o.Pending(), ctx.Err())
+		err = fmt.Errorf("outbox: %d result(s) left on disk: %w", left, ctx.Err())
 	}
+	if cerr := o.jr.close(); cerr != nil && err == nil {
+		err = fmt.Errorf("outbox: %w", cerr)
+	}
+	return err
 }
 
 func (o *Outbox) remember(key string) {
