@@ -41,10 +41,11 @@ func TestJobsAreJournalledBeforeTheSpawn(t *testing.T) {
 	h.waitPolls(1)
 	box := filepath.Join(h.workdir, "outbox")
 	marker := filepath.Join(h.workdir, "spawned")
+	// -1 while the log cannot be read: an append may be under way.
 	entries := func() int {
 		open, err := outbox.ReadJournal(box)
 		if err != nil {
-			t.Fatal(err)
+			return -1
 		}
 		return len(open)
 	}
