@@ -1,8 +1,10 @@
 // Package outbox owns the daemon's durable results, run acks and exec result
 // callbacks, and the job journal (journal.go) that accounts for each job
-// from before it is spawned until its result is stored here. A result is written to a file under the workdir while its first
-// post is on the way, and removed once the control plane accepted it; a post that fails
-// for a reason worth retrying (transport error, timeout, 5xx, 429, 401/403)
+// from before it is spawned until its result is stored here.
+//
+// A result is written to a file under the workdir while its first post is
+// on the way, and removed once the control plane accepted it; a post that
+// fails for a reason worth retrying (transport error, timeout, 5xx, 429, 401/403)
 // is retried with jittered exponential backoff, and results left over by a
 // previous daemon process are posted when the outbox opens again.
 //
@@ -11,8 +13,8 @@
 // dropped. The control plane treats a repeated result as a no-op, so a retry
 // after an answer that was lost on the way back is harmless.
 //
-// A stored result or journal entry that cannot be read (a crash mid-write,
-// a full disk, a hand edit) is logged with its name and set aside as
+// A stored result or a journal that cannot be read (a crash mid-write, a
+// full disk, a hand edit) is logged with its name and set aside as
 // <name>.corrupt-<unix>; it never stops the daemon from starting.
 package outbox
 
