@@ -90,10 +90,19 @@ type Results interface {
 	setupqueue.Outcomes
 }
 
+// Journal records each exec and run durably before it is spawned (the
+// outbox's job journal).
+type Journal interface {
+	jobparent.Journal
+}
+
 // Deps are the implementations the caller chose.
 type Deps struct {
 	Server  Server
 	Results Results
+	// Journal records jobs before they run, so a start after a crash can
+	// report the ones that were running; nil journals nothing.
+	Journal Journal
 	// Runners maps a runner kind to its implementation; setups use
 	// Runners["process"].
 	Runners map[string]runners.Runner
@@ -240,7 +249,7 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 		Log: d.Log.With().Str("actor", SetupName).Logger(), Jobs: d.Jobs, PropsOptions: o.propsOpts,
 	}
 	wiring := func(name string) jobparent.Wiring {
-		return jobparent.Wiring{Ledger: dm.ledger, Log: d.Log.With().Str("actor", name).Logger(), Jobs: d.Jobs,
+		return jobparent.Wiring{Ledger: dm.ledger, Journal: d.Journal, Log: d.Log.With().Str("actor", name).Logger(), Jobs: d.Jobs,
 			PropsOptions: o.propsOpts, Finished: dm.system.NewLocalPID(RootName)}
 	}
 	dm.execDeps = &execs.Deps{

@@ -89,6 +89,7 @@ func newHarness(t *testing.T, s setup) *harness {
 	deps := actors.Deps{
 		Server:  client,
 		Results: ob,
+		Journal: ob,
 		Runners: map[string]runners.Runner{
 			"process": process.New(log, process.WithKillGrace(200*time.Millisecond)),
 			"echo":    echo.New(),

@@ -68,6 +68,9 @@ const (
 	// daemon (keep_alive_s = 0) that already has its job refuses every
 	// other one a control plane sends it, with an outcome, never silently.
 	ErrorTypeRefused = "Refused"
+	// ErrorTypeDaemonRestarted is a run the daemon was running when its
+	// process died; the next start reports it, its outcome unknown.
+	ErrorTypeDaemonRestarted = "DaemonRestarted"
 	// CancelledShutdownMessage is the message of a run cancelled because the
 	// daemon's shutdown grace ran out.
 	CancelledShutdownMessage = "daemon shutdown grace expired"

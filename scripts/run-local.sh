@@ -11,6 +11,31 @@ run=".run"
 mkdir -p "$run/cp" "$run/nymph/work"
 chmod 700 "$run"
 
+# One `make run` at a time. A second one would rebuild the binaries under
+# the first, truncate its logs, and start a nymph on its workdir; so before
+# touching anything, find out whether one is up: this script's own lock
+# (held on fd 9 for its life), then the lock a nymph holds on its workdir,
+# then the control plane's address.
+exec 9>>"$run/run-local.lock"
+if ! flock -n 9; then
+  pid="$(cat "$run/run-local.pid" 2>/dev/null || true)"
+  echo "make run is already running${pid:+ (pid $pid)}: control plane on $url, logs in $run/." >&2
+  echo "Use that one (export PATH=\"\$PWD/bin:\$PATH\"; lakeshore daemon list), or stop it first:" >&2
+  echo "  Ctrl-C in its terminal${pid:+, or: kill $pid}" >&2
+  exit 1
+fi
+if ! flock -n "$run/nymph/work/nymph.lock" true; then
+  pid="$(cat "$run/nymph/work/nymph.lock" 2>/dev/null || true)"
+  echo "a nymph${pid:+ (pid $pid)} is already using $run/nymph/work (left from an earlier make run?)." >&2
+  echo "Stop it first${pid:+: kill $pid}" >&2
+  exit 1
+fi
+if (exec 3<>"/dev/tcp/${addr%:*}/${addr##*:}") 2>/dev/null; then
+  echo "something is already listening on $addr (an earlier lakeshore serve?); stop it, or set LAKESHORE_ADDR." >&2
+  exit 1
+fi
+echo $$ > "$run/run-local.pid"
+
 version="$(git describe --tags --always --dirty 2>/dev/null || echo dev)"
 echo "==> building lakeshore and nymph ($version)"
 CGO_ENABLED=0 go build -ldflags "-X nymph/buildinfo.Version=$version" -o bin/ ./cmd/lakeshore ./cmd/nymph
@@ -54,7 +79,7 @@ trap cleanup INT TERM EXIT
 
 echo "==> starting the control plane on $url (data in $run/cp, log in $run/lakeshore.log)"
 LAKESHORE_DAEMON_TOKEN="$(cat "$run/daemon-token")" \
-  bin/lakeshore serve --addr "$addr" --data "$run/cp" --public-url "$url" >"$run/lakeshore.log" 2>&1 &
+  bin/lakeshore serve --addr "$addr" --data "$run/cp" --public-url "$url" >"$run/lakeshore.log" 2>&1 9>&- &
 pids+=($!)
 
 for _ in $(seq 1 200); do
@@ -65,7 +90,7 @@ done
 grep -i "admin token" "$run/lakeshore.log" || true
 
 echo "==> starting nymph (log in $run/nymph.log)"
-bin/nymph run --config "$run/nymph.toml" >"$run/nymph.log" 2>&1 &
+bin/nymph run --config "$run/nymph.toml" >"$run/nymph.log" 2>&1 9>&- &
 pids+=($!)
 
 for _ in $(seq 1 200); do

@@ -95,8 +95,10 @@ func (s *Shell) Run(ctx context.Context, e *messages.Exec) *messages.ExecResult 
 		}
 	}
 
+	// "--" ends bash's options: a command that starts with "-" is a
+	// command, not an option.
 	cmd := procgroup.Command{
-		Argv: []string{"bash", "-c", e.Command}, Env: env, Dir: dir,
+		Argv: []string{"bash", "-c", "--", e.Command}, Env: env, Dir: dir,
 		Input: strings.NewReader(e.Stdin), KillGrace: s.KillGrace,
 	}
 	// A timeout too large for a Duration (about 292 years) is no timeout.

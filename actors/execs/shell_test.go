@@ -107,8 +107,33 @@ func TestSpawnFailureIsMinusOne(t *testing.T) {
 	s := newShell(t, nil)
 	wd := "/nonexistent/dir"
 	r := run(s, messages.Exec{Command: "true", Workdir: &wd})
-	if r.ExitCode != messages.ExitFailed || !strings.HasPrefix(errString(r), "spawn failed: ") {
+	if r.ExitCode != messages.ExitFailed || errString(r) != "spawn failed: workdir /nonexistent/dir does not exist" {
 		t.Fatalf("%+v error=%s", r, errString(r))
+	}
+	// A relative workdir is under the daemon's; the error names the path
+	// that was tried.
+	wd = "not-made"
+	r = run(s, messages.Exec{Command: "true", Workdir: &wd})
+	want := "spawn failed: workdir " + filepath.Join(s.Workdir, "not-made") + " does not exist"
+	if r.ExitCode != messages.ExitFailed || errString(r) != want {
+		t.Fatalf("%+v error=%s, want %s", r, errString(r), want)
+	}
+}
+
+// A command that starts with "-" is a command, not an option of bash.
+func TestCommandStartingWithDashIsACommand(t *testing.T) {
+	s := newShell(t, nil)
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "-greet"), []byte("#!/bin/sh\necho \"hi $1\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := run(s, messages.Exec{Command: "-greet there", Env: map[string]string{"PATH": bin + ":" + os.Getenv("PATH")}})
+	if r.ExitCode != 0 || r.Stdout != "hi there\n" || r.Error != nil {
+		t.Fatalf("%+v error=%s", r, errString(r))
+	}
+	r = run(s, messages.Exec{Command: "--version"})
+	if r.ExitCode != 127 || !strings.Contains(r.Stderr, "--version: command not found") {
+		t.Fatalf("--version ran as an option of bash: %+v", r)
 	}
 }
 

@@ -9,6 +9,11 @@
 // context it cancels when the job is aborted; a child that is stopped or
 // restarted aborts its job hard, so that nothing it started outlives it.
 //
+// Before a child runs its job it journals it (Wiring.Journal), so that a
+// daemon process that dies while the job runs leaves a record the next
+// start reports the job from; the journal entry goes once the outcome is
+// handed over.
+//
 // What differs between the kinds (running and reporting a job, the report
 // of a job that never ran or that was refused) comes from a Kind. The bookkeeping that makes a
 // job run once and report once stays in the ledger: a child claims its job
@@ -54,11 +59,22 @@ type Kind struct {
 	Refused func(sys *actor.ActorSystem, id, reason string)
 }
 
+// Journal keeps a durable record of each job from before anything of it is
+// spawned until its outcome is handed to the results (the outbox, which
+// also holds the journal and drops the record once the outcome is stored).
+type Journal interface {
+	// Begin records job id of kind ("exec", "run"), carried by command
+	// commandID; it returns once the record is on disk.
+	Begin(kind, id, commandID string) error
+}
+
 // Wiring is what every job path (execs, invocations) is built with. It
 // outlives every actor instance.
 type Wiring struct {
 	Ledger *ledger.Ledger
-	Log    zerolog.Logger
+	// Journal records each job before it runs; nil records nothing.
+	Journal Journal
+	Log     zerolog.Logger
 	// Jobs counts the goroutines running or reporting jobs, so the daemon
 	// can wait for every outcome before it exits.
 	Jobs *sync.WaitGroup
@@ -216,6 +232,7 @@ func (c *child) Receive(ctx actor.Context) {
 		go func() {
 			defer c.k.Jobs.Done()
 			defer abort(context.Canceled, false)
+			c.k.journal(e)
 			c.k.Run(jobCtx, sys, e)
 		}()
 	case *messages.Abort:
@@ -224,6 +241,19 @@ func (c *child) Receive(ctx actor.Context) {
 		c.stop(c.k.Noun+" actor stopped", true)
 	case *actor.Restarting:
 		c.stop(c.k.Noun+" actor restarted after a crash", true)
+	}
+}
+
+// journal records e before it runs. A job that cannot be journalled (a
+// full disk) still runs: refusing it would lose it for sure, while only a
+// crash during the run loses its outcome.
+func (k *Kind) journal(e *ledger.Entry) {
+	if k.Journal == nil {
+		return
+	}
+	if err := k.Journal.Begin(string(k.Kind), e.ID, e.CommandID); err != nil {
+		k.Log.Error().Err(err).Str(k.IDField, e.ID).
+			Msgf("%s not journalled; it runs, but if the daemon dies meanwhile its outcome is not reported", k.Noun)
 	}
 }
 

@@ -44,8 +44,10 @@ type key struct {
 
 // Entry is one accepted job.
 type Entry struct {
-	Kind       Kind
-	ID         string
+	Kind Kind
+	ID   string
+	// CommandID is the id of the command that carried the job, when known.
+	CommandID  string
 	Body       any
 	AcceptedAt time.Time
 	// StartedAt is set by Claim.
@@ -83,7 +85,12 @@ func New(now func() time.Time) *Ledger {
 // Accept records a new job. It returns false, and records nothing, when a
 // job with that id is already active or finished recently.
 func (l *Ledger) Accept(kind Kind, id string, body any) bool {
-	return l.accept(kind, id, body, "")
+	return l.accept(kind, id, "", body, "")
+}
+
+// AcceptCommand is Accept for a job that came in the command commandID.
+func (l *Ledger) AcceptCommand(kind Kind, id, commandID string, body any) bool {
+	return l.accept(kind, id, commandID, body, "")
 }
 
 // Refuse records a job that is not to be run, and why, under the same rules
@@ -92,10 +99,10 @@ func (l *Ledger) Accept(kind Kind, id string, body any) bool {
 // so a refusal is never lost to an exit or to a parent's restart: whichever
 // parent incarnation finds it reports it.
 func (l *Ledger) Refuse(kind Kind, id string, body any, reason string) bool {
-	return l.accept(kind, id, body, reason)
+	return l.accept(kind, id, "", body, reason)
 }
 
-func (l *Ledger) accept(kind Kind, id string, body any, refused string) bool {
+func (l *Ledger) accept(kind Kind, id, commandID string, body any, refused string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := key{kind, id}
@@ -106,7 +113,7 @@ func (l *Ledger) accept(kind Kind, id string, body any, refused string) bool {
 		return false
 	}
 	now := l.now()
-	l.active[k] = &Entry{Kind: kind, ID: id, Body: body, AcceptedAt: now, Tail: &Tail{}, Refused: refused}
+	l.active[k] = &Entry{Kind: kind, ID: id, CommandID: commandID, Body: body, AcceptedAt: now, Tail: &Tail{}, Refused: refused}
 	l.order = append(l.order, k)
 	l.lastActivity = now
 	return true
@@ -164,15 +171,37 @@ func (l *Ledger) Complete(kind Kind, id string) bool {
 			break
 		}
 	}
+	l.finish(k)
+	l.reported++
+	l.lastActivity = l.now()
+	return true
+}
+
+// MarkDone records a job as finished that this ledger never accepted: one
+// a previous process of the daemon was running when it died, whose outcome
+// the start-up reported. A redelivery of its command (the dead process
+// never acknowledged it) is then refused by Accept instead of run again.
+// It counts neither as reported nor as activity.
+func (l *Ledger) MarkDone(kind Kind, id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := key{kind, id}
+	if _, ok := l.active[k]; ok {
+		return
+	}
+	if _, ok := l.done[k]; !ok {
+		l.finish(k)
+	}
+}
+
+// finish adds k to the bounded memory of finished jobs; l.mu is held.
+func (l *Ledger) finish(k key) {
 	l.done[k] = struct{}{}
 	l.doneOrder = append(l.doneOrder, k)
 	if len(l.doneOrder) > doneCap {
 		delete(l.done, l.doneOrder[0])
 		l.doneOrder = l.doneOrder[1:]
 	}
-	l.reported++
-	l.lastActivity = l.now()
-	return true
 }
 
 // Active counts jobs accepted and not completed, of the given kinds (all

@@ -107,3 +107,28 @@ func TestRefusedJobIsActiveUntilReported(t *testing.T) {
 		t.Fatal("after the report")
 	}
 }
+
+// A job a previous process ran (and the start-up reported) is refused when
+// its command comes again, and does not count as this process's work.
+func TestMarkDoneRefusesARedelivery(t *testing.T) {
+	l := ledger.New(nil)
+	l.MarkDone(ledger.Exec, "e1")
+	l.MarkDone(ledger.Exec, "e1")
+	if l.AcceptCommand(ledger.Exec, "e1", "cmd-again", "body") {
+		t.Fatal("a job reported at start was accepted again")
+	}
+	if !l.AcceptCommand(ledger.Run, "e1", "cmd-run", "other kind") {
+		t.Fatal("kinds must not collide")
+	}
+	if got := l.Unclaimed(ledger.Run); len(got) != 1 || got[0].CommandID != "cmd-run" {
+		t.Fatalf("unclaimed %+v, want the run with its command id", got)
+	}
+	if l.Reported() != 0 || l.Active() != 1 {
+		t.Fatalf("reported %d active %d", l.Reported(), l.Active())
+	}
+	// An active job is left alone.
+	l.MarkDone(ledger.Run, "e1")
+	if l.Active(ledger.Run) != 1 || !l.Complete(ledger.Run, "e1") {
+		t.Fatal("MarkDone ended an active job")
+	}
+}

@@ -391,7 +391,7 @@ func (p *poller) acceptJob(ctx actor.Context, c messages.Command, kind ledger.Ki
 			return
 		}
 	}
-	if !p.d.Ledger.Accept(kind, id, body) {
+	if !p.d.Ledger.AcceptCommand(kind, id, c.ID, body) {
 		noun := "exec"
 		if kind == ledger.Run {
 			noun = "invocation"

@@ -5,8 +5,8 @@
 //	nymph version
 //
 // Exit codes: 0 after a clean stop (a signal, or the idle policy), 1 when
-// the daemon fails while running, 2 for a bad command line or config, 3 when
-// the control plane rejects the hello.
+// the daemon fails while running or another nymph holds its workdir, 2 for
+// a bad command line or config, 3 when the control plane rejects the hello.
 package main
 
 import (

@@ -17,6 +17,7 @@ import (
 	"nymph/buildinfo"
 	"nymph/config"
 	"nymph/daemon/selfupdate"
+	"nymph/daemon/workdirlock"
 	"nymph/dist"
 )
 
@@ -78,8 +79,10 @@ func otaWiring(cfg *config.Config, grace time.Duration, log zerolog.Logger) (*se
 // with it (same PID, original arguments) and does not return. A signal
 // received meanwhile wins: the operator asked for a stop, so the process
 // exits and the new binary runs at the next start. An exec that fails
-// returns the error, for the service manager to start the new binary.
-func handOff(updater *selfupdate.Updater, st *ota.State, signalled bool, log zerolog.Logger) error {
+// returns the error, for the service manager to start the new binary. The
+// workdir lock is handed to the new image through the exec, so no other
+// daemon can take the workdir in between.
+func handOff(updater *selfupdate.Updater, st *ota.State, signalled bool, lock *workdirlock.Lock, log zerolog.Logger) error {
 	inst, ok := st.Handoff()
 	if !ok {
 		return nil
@@ -89,7 +92,12 @@ func handOff(updater *selfupdate.Updater, st *ota.State, signalled bool, log zer
 		return nil
 	}
 	log.Info().Str("version", inst.Version).Str("path", inst.Path).Msg("drained: exec the new binary")
-	err := updater.Exec()
+	restore, err := lock.InheritOnExec()
+	if err != nil {
+		return fmt.Errorf("ota handoff: %w", err)
+	}
+	err = updater.Exec()
+	restore()
 	log.Error().Err(err).Msg("exec of the new binary failed; exiting for the service manager to start it")
 	return fmt.Errorf("ota handoff: %w", err)
 }

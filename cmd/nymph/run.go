@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors"
+	"nymph/actors/ledger"
 	"nymph/actors/ota"
 	"nymph/actors/poller"
 	"nymph/buildinfo"
@@ -26,6 +27,7 @@ import (
 	"nymph/daemon/orphans"
 	"nymph/daemon/outbox"
 	"nymph/daemon/uplink"
+	"nymph/daemon/workdirlock"
 	"nymph/identity"
 	"nymph/messages"
 	"nymph/runners"
@@ -34,6 +36,10 @@ import (
 // outboxFlush bounds the last attempt to post pending results at exit;
 // what is left stays in the workdir for the next start.
 const outboxFlush = 10 * time.Second
+
+// recoveredFlush bounds the wait at start for the outcomes of the jobs a
+// dead process left to be posted.
+const recoveredFlush = 10 * time.Second
 
 func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	cfg, err := config.Load(configPath)
@@ -48,9 +54,17 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if err := os.MkdirAll(cfg.Runtime.Workdir, 0o755); err != nil {
 		return &exitError{code: exitUsage, err: fmt.Errorf("[runtime] workdir: %w", err)}
 	}
+	// One daemon per workdir, before anything else touches it: a second
+	// one would sweep the first one's jobs as orphans and share its outbox.
+	lock, err := workdirlock.Acquire(cfg.Runtime.Workdir)
+	if err != nil {
+		return &exitError{code: exitFailed, err: err}
+	}
+	defer lock.Release()
 	// Jobs left running by a previous incarnation that died without
 	// stopping them (SIGKILL, OOM) carry this workdir's mark: end them
 	// before anything new starts, then mark this process for the next time.
+	// Holding the lock, this process knows that incarnation is dead.
 	marker := orphans.Marker(cfg.Runtime.Workdir)
 	if killed, err := orphans.Reap("/proc", marker); err != nil {
 		log.Warn().Err(err).Msg("could not look for processes left by a previous run")
@@ -118,6 +132,29 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
+	// The jobs the dead incarnation was running (ended above) get their
+	// outcome now: "the daemon restarted, outcome unknown".
+	recovered, err := box.Recover()
+	if err != nil {
+		log.Error().Err(err).Msg("could not read the job journal; jobs a previous run left are not reported")
+	}
+	if cfg.Runtime.KeepAliveS == 0 && len(recovered) > 0 {
+		// A single-job daemon takes exactly one job: the dead process had
+		// taken it, so this one reports it and exits, whatever the wait.
+		return finishSingleJob(ctx, box, recovered, log)
+	}
+	if len(recovered) > 0 {
+		// Before hello: the daemon's own account of an interrupted job
+		// ("restarted, outcome unknown") reaches the control plane before
+		// the new process shows itself, whatever the control plane makes
+		// of a worker that comes back without its jobs. Bounded, so an
+		// unreachable control plane delays the start, never blocks it.
+		flushCtx, cancel := context.WithTimeout(ctx, recoveredFlush)
+		if err := box.Flush(flushCtx); err != nil {
+			log.Warn().Err(err).Msg("interrupted jobs' outcomes not posted yet; they are retried in the background")
+		}
+		cancel()
+	}
 
 	keepAlive := time.Duration(cfg.Runtime.KeepAliveS) * time.Second
 	if cfg.Runtime.KeepAliveS < 0 {
@@ -154,11 +191,16 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	otaDeps.Outcomes, otaDeps.WorkerID = box, func() string { return state.WorkerID() }
 	keysOpt := keysChild(holder, client, cfg, func() string { return state.WorkerID() }, jobs, log)
 	d, err := actors.New(settings, actors.Deps{
-		Server: loggingServer{Client: client, log: log}, Results: box, Runners: registry, Reprobe: reprobe, Log: log,
+		Server: loggingServer{Client: client, log: log}, Results: box, Journal: box, Runners: registry, Reprobe: reprobe, Log: log,
 		Jobs: jobs,
 	}, actors.WithChild(ota.Name, ota.Props(otaDeps), messages.KindOtaUpdate), keysOpt)
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
+	}
+	// A recovered job was reported; a redelivery of its command (the dead
+	// process had not acknowledged it) must not run it again.
+	for _, e := range recovered {
+		d.Ledger().MarkDone(ledger.Kind(e.Kind), e.ID)
 	}
 	state = d.PollerState()
 	log.Info().Str("version", buildinfo.Version).Str("server", cfg.Server.URL).Str("machine_id", machineID).
@@ -202,7 +244,7 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 		log.Warn().Err(err).Msg("results left for the next start")
 	}
 	if runErr == nil {
-		if err := handOff(updater, otaDeps.State, signalled.Load(), log); err != nil {
+		if err := handOff(updater, otaDeps.State, signalled.Load(), lock, log); err != nil {
 			return &exitError{code: exitFailed, err: err}
 		}
 	}
@@ -214,6 +256,32 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	case runErr != nil:
 		log.Error().Err(runErr).Msg("daemon failed")
 		return &exitError{code: exitFailed, err: runErr}
+	}
+	log.Info().Msg("nymph stopped")
+	return nil
+}
+
+// finishSingleJob posts the outcomes of the jobs a dead single-job daemon
+// process left (its one job, and refusals it had not posted yet) and returns
+// once they are stored by the control plane, or at a signal, when they stay
+// in the outbox for a later start.
+func finishSingleJob(ctx context.Context, box *outbox.Outbox, recovered []outbox.JournalEntry, log zerolog.Logger) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	ids := make([]string, 0, len(recovered))
+	for _, e := range recovered {
+		ids = append(ids, e.Kind+" "+e.ID)
+	}
+	log.Warn().Strs("jobs", ids).Msg("single-job daemon restarted: its job was taken by the previous process, which died; reporting it as interrupted and exiting without taking another")
+	err := box.Flush(ctx)
+	closeCtx, cancel := context.WithTimeout(context.Background(), outboxFlush)
+	defer cancel()
+	if cerr := box.Close(closeCtx); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		log.Warn().Err(err).Msg("interrupted job's outcome left for the next start")
+		return &exitError{code: exitFailed, err: err}
 	}
 	log.Info().Msg("nymph stopped")
 	return nil
@@ -277,6 +345,7 @@ var (
 	_ actors.Server  = (*uplink.Client)(nil)
 	_ actors.Results = (*outbox.Outbox)(nil)
 	_ ota.Outcomes   = (*outbox.Outbox)(nil)
+	_ actors.Journal = (*outbox.Outbox)(nil)
 	_ outbox.Poster  = (*uplink.Client)(nil)
 	_ uplink.Signer  = (*identity.Key)(nil)
 )

@@ -1,10 +1,15 @@
 package main_test
 
 import (
+	"fmt"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"nymph/daemon/orphans"
 	"nymph/messages"
 	"nymph/test/fakecp"
 )
@@ -107,5 +112,48 @@ func TestSingleJobDaemonRefusesTheRestOfAnOldBatch(t *testing.T) {
 		if len(rs) != 1 {
 			t.Fatalf("exec %s reported %d times", id, len(rs))
 		}
+	}
+}
+
+// A single-job nymph SIGKILLed while it runs its job: the next start
+// reports that job as interrupted by the restart and exits 0 without
+// saying hello, so it never takes a second job.
+func TestRestartedSingleJobDaemonReportsItsJobAndExits(t *testing.T) {
+	cp := fakecp.New(t, fakecp.WithHoldForever())
+	cfg, dir := writeConfig(t, cp, "keep_alive_s = 0")
+	d := start(t, nil, "run", "--config", cfg)
+	cp.Wait(20*time.Second, "a poll", func() bool { return len(cp.Polls()) > 0 })
+	mark := "NYMPH_BIN_MARK=" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	k, v, _ := strings.Cut(mark, "=")
+	t.Cleanup(func() {
+		pids, _ := orphans.WithEnv("/proc", mark)
+		for _, p := range pids {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
+	pidFile := filepath.Join(dir, "job.pid")
+	cp.QueueExec(messages.Exec{ExecID: "only", Command: fmt.Sprintf("echo $$ > %s; exec sleep 120", pidFile), Env: map[string]string{k: v}})
+	readPID(t, pidFile)
+	_ = d.cmd.Process.Kill() // nymph alone: its job leads a group of its own
+	d.wait(10 * time.Second)
+	hellos := len(cp.Hellos())
+
+	d2 := start(t, nil, "run", "--config", cfg)
+	if code := d2.wait(30 * time.Second); code != 0 {
+		t.Fatalf("restarted single-job nymph exit %d:\n%s", code, d2.stderr.String())
+	}
+	r, ok := cp.Result("only")
+	if !ok || r.ExitCode != messages.ExitFailed || r.Error == nil || !strings.Contains(*r.Error, "restart") {
+		t.Fatalf("interrupted job reported %+v %v", r, ok)
+	}
+	if n := len(cp.Results()["only"]); n != 1 {
+		t.Fatalf("the job was reported %d times", n)
+	}
+	if n := len(cp.Hellos()); n != hellos {
+		t.Fatalf("the restarted single-job nymph said hello (%d hellos, %d before): it may take another job", n, hellos)
+	}
+	pids, _ := orphans.WithEnv("/proc", mark)
+	if len(pids) != 0 {
+		t.Fatalf("the interrupted job's processes %v outlived the restart", pids)
 	}
 }

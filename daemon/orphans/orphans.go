@@ -4,6 +4,11 @@
 // from its workdir before it spawns anything; every job process inherits the
 // mark. At the next start the daemon kills every process still carrying its
 // mark, so a crash leaves nothing running for longer than one restart.
+//
+// The sweep runs only once the daemon holds its workdir's lock (package
+// workdirlock), which a live daemon holds for its whole life: every process
+// carrying the mark then belongs to an incarnation that is dead, never to a
+// second daemon running on the same workdir.
 package orphans
 
 import (

@@ -1,17 +1,23 @@
 // Package outbox owns the daemon's durable results: run acks, exec result
 // callbacks and events (setup and update outcomes, and run output that could
-// not be posted live). A result is written to a file under the workdir while
-// its first post is on the way, and removed once the control plane accepted
-// it; a post that fails for a reason worth retrying (transport error,
-// timeout, 5xx, 429, 401/403) is retried with jittered exponential backoff,
-// and results left over by a previous daemon process are posted when the
-// outbox opens again.
+// not be posted live), and the job journal (journal.go) that accounts for
+// each job from before it is spawned until its result is stored here.
+//
+// A result is written to a file under the workdir while its first post is
+// on the way, and removed once the control plane accepted it; a post that
+// fails for a reason worth retrying (transport error, timeout, 5xx, 429,
+// 401/403) is retried with jittered exponential backoff, and results left
+// over by a previous daemon process are posted when the outbox opens again.
 //
 // Each result has a key ("exec:<id>", "ack:<id>", "event:<kind>:<id>"). From
 // the daemon's view a key is posted exactly once: a second submission of a
 // key already seen is dropped. The control plane treats a repeated result as
 // a no-op, so a retry after an answer that was lost on the way back is
 // harmless.
+//
+// A stored result or a journal that cannot be read (a crash mid-write, a
+// full disk, a hand edit) is logged with its name and set aside as
+// <name>.corrupt-<unix>; it never stops the daemon from starting.
 package outbox
 
 import (
@@ -67,7 +73,11 @@ type Outbox struct {
 	seen    map[string]struct{}
 	order   []string
 	pending int
-	closed  bool
+	// idle is closed whenever pending drops to zero (Flush waits on it).
+	idle   chan struct{}
+	closed bool
+	// jr is the job journal.
+	jr *journal
 }
 
 // Option configures an Outbox.
@@ -91,8 +101,9 @@ func WithRand(r func() float64) Option {
 // seenCap bounds the memory of keys already submitted.
 const seenCap = 1 << 16
 
-// Open creates dir if needed, and starts posting any results a previous
-// process left there.
+// Open creates dir (and its journal) if needed, and starts posting any
+// results a previous process left there. Recover then reports the jobs it
+// left without one.
 func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outbox, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
@@ -107,6 +118,7 @@ func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outb
 	for _, opt := range opts {
 		opt(o)
 	}
+	o.jr = newJournal(filepath.Join(dir, JournalFile), o.log)
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		cancel()
@@ -124,14 +136,9 @@ func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outb
 		if !strings.HasSuffix(name, ".msgpack") {
 			continue
 		}
-		data, err := os.ReadFile(full)
-		var rec record
-		if err == nil {
-			err = messages.Unmarshal(data, &rec)
-		}
-		if err != nil || rec.Key == "" || rec.Path == "" {
-			o.log.Error().Err(err).Str("file", full).Msg("unreadable stored result dropped")
-			_ = os.Remove(full)
+		rec, err := readRecord(full)
+		if err != nil {
+			o.setAside(full, err, "corrupt stored result set aside; it is not posted")
 			continue
 		}
 		o.remember(rec.Key)
@@ -212,6 +219,9 @@ func (o *Outbox) Submit(key, path string, body []byte) error {
 	if werr != nil {
 		o.log.Error().Err(werr).Str("key", key).Msg("result not stored on disk; posting from memory")
 		file = ""
+	} else {
+		// Stored: the job is accounted for without its journal entry.
+		o.endJob(key)
 	}
 	stored <- file
 	return werr
@@ -222,6 +232,25 @@ func (o *Outbox) Pending() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.pending
+}
+
+// Flush waits until every result submitted so far (and every one resumed
+// from disk) is posted or refused for good, or ctx ends. The outbox goes on
+// accepting results.
+func (o *Outbox) Flush(ctx context.Context) error {
+	o.mu.Lock()
+	if o.pending == 0 {
+		o.mu.Unlock()
+		return nil
+	}
+	idle := o.idle
+	o.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("outbox: %d result(s) not posted yet: %w", o.Pending(), ctx.Err())
+	}
 }
 
 // Close stops accepting results and waits until every pending one is posted
@@ -235,15 +264,20 @@ func (o *Outbox) Close(ctx context.Context) error {
 		o.wg.Wait()
 		close(done)
 	}()
+	var err error
 	select {
 	case <-done:
 		o.cancel()
-		return nil
 	case <-ctx.Done():
+		left := o.Pending() // counted before the cancelled posts give up
 		o.cancel()
 		<-done
-		return fmt.Errorf("outbox: %d result(s) left on disk: %w", o.Pending(), ctx.Err())
+		err = fmt.Errorf("outbox: %d result(s) left on disk: %w", left, ctx.Err())
 	}
+	if cerr := o.jr.close(); cerr != nil && err == nil {
+		err = fmt.Errorf("outbox: %w", cerr)
+	}
+	return err
 }
 
 func (o *Outbox) remember(key string) {
@@ -262,6 +296,9 @@ func (o *Outbox) remember(key string) {
 // rec once it is written ("" when it could not be).
 func (o *Outbox) start(rec record, stored <-chan string) {
 	o.mu.Lock()
+	if o.pending == 0 {
+		o.idle = make(chan struct{})
+	}
 	o.pending++
 	o.mu.Unlock()
 	o.wg.Add(1)
@@ -275,6 +312,9 @@ func (o *Outbox) deliver(rec record, stored <-chan string) {
 	defer func() {
 		o.mu.Lock()
 		o.pending--
+		if o.pending == 0 {
+			close(o.idle)
+		}
 		o.mu.Unlock()
 		o.wg.Done()
 	}()
@@ -298,10 +338,14 @@ func (o *Outbox) deliver(rec record, stored <-chan string) {
 			return
 		}
 	}
-	if file := <-stored; file != "" {
-		if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
-			log.Error().Err(err).Msg("remove stored result")
-		}
+	file := <-stored
+	if file == "" {
+		// Never stored: the journal entry stood for it until now.
+		o.endJob(rec.Key)
+		return
+	}
+	if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.Error().Err(err).Msg("remove stored result")
 	}
 }
 
@@ -328,6 +372,23 @@ func retryable(err error) bool {
 func fileName(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:16]) + ".msgpack"
+}
+
+// readRecord reads one stored result; a record that does not decode, or
+// lacks its key or path, is corrupt.
+func readRecord(path string) (record, error) {
+	var rec record
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return rec, err
+	}
+	if err := messages.Unmarshal(data, &rec); err != nil {
+		return rec, err
+	}
+	if rec.Key == "" || rec.Path == "" {
+		return rec, errors.New("stored result without its key or path")
+	}
+	return rec, nil
 }
 
 func writeAtomic(path string, rec record) error {

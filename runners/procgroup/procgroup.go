@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"sync"
@@ -93,6 +94,26 @@ func (e *StartError) Error() string { return "procgroup: " + e.Step + ": " + e.E
 
 func (e *StartError) Unwrap() error { return e.Err }
 
+// checkDir says what is wrong with dir as a working directory, if
+// anything. Go reports a chdir that fails in the child as a failure to
+// exec the program ("fork/exec /usr/bin/bash: no such file or
+// directory"), which names the wrong file; this names the directory.
+func checkDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("workdir %s does not exist", dir)
+	case err != nil:
+		return fmt.Errorf("workdir %s: %w", dir, err)
+	case !st.IsDir():
+		return fmt.Errorf("workdir %s is not a directory", dir)
+	}
+	return nil
+}
+
 // Result is how a command ended.
 type Result struct {
 	// ExitCode is the leader's exit status, or -1 when a signal ended it.
@@ -163,6 +184,9 @@ func Run(ctx context.Context, c Command) (Result, error) {
 	if startErr != nil {
 		outR.Close()
 		errR.Close()
+		if err := checkDir(c.Dir); err != nil {
+			return Result{}, &StartError{Step: "workdir", Err: err}
+		}
 		return Result{}, &StartError{Step: "start " + c.Argv[0], Err: startErr}
 	}
 	pgid := cmd.Process.Pid

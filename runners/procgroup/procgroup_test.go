@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -162,10 +163,29 @@ func TestInputAndSeparateCappedStreams(t *testing.T) {
 }
 
 func TestStartErrorSaysWhatFailed(t *testing.T) {
-	_, err := procgroup.Run(context.Background(), procgroup.Command{Argv: []string{"true"}, Dir: "/nonexistent/dir"})
+	_, err := procgroup.Run(context.Background(), procgroup.Command{Argv: []string{"no-such-program-here"}, Env: os.Environ()})
 	var se *procgroup.StartError
-	if !errors.As(err, &se) || !strings.HasPrefix(err.Error(), "procgroup: start true: ") {
+	if !errors.As(err, &se) || !strings.HasPrefix(err.Error(), "procgroup: start no-such-program-here: ") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// A working directory that is not there is named as such, not reported as
+// the program failing to exec.
+func TestStartErrorNamesAMissingDir(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "plain-file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for dir, want := range map[string]string{
+		"/nonexistent/dir": "procgroup: workdir: workdir /nonexistent/dir does not exist",
+		file:               "procgroup: workdir: workdir " + file + " is not a directory",
+	} {
+		_, err := procgroup.Run(context.Background(), procgroup.Command{Argv: []string{"true"}, Dir: dir, Env: os.Environ()})
+		var se *procgroup.StartError
+		if !errors.As(err, &se) || err.Error() != want {
+			t.Fatalf("dir %s: error %v, want %q", dir, err, want)
+		}
 	}
 }
 

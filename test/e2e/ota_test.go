@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"nymph/daemon/workdirlock"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
 	"nymph/test/fakecp"
@@ -209,6 +210,14 @@ func TestOTAUpdateSameProcessDrainsExec(t *testing.T) {
 
 	waitVersion(t, cp, "ota-one", v2Version)
 	assertImage(t, d, pid, bin, v2)
+	// The new image holds the workdir lock the old one took, through the
+	// exec: a second daemon is still refused, naming the same pid.
+	if l, err := workdirlock.Acquire(d.Workdir); err == nil {
+		l.Release()
+		t.Fatal("after the update the workdir is not locked")
+	} else if want := fmt.Sprintf("another nymph (pid %d)", pid); !strings.Contains(err.Error(), want) {
+		t.Fatalf("workdir lock after the update: %v, want %q", err, want)
+	}
 	r = cp.CLI(t, "daemon", "exec", "ota-one", "echo", "from", "v2")
 	expectCode(t, r, 0)
 	if r.Stdout != "from v2\n" {
