@@ -81,10 +81,13 @@ func TestDaemonRestartFailsInterruptedRun(t *testing.T) {
 	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "phoenix-run", Runners: []string{"process"}, ServerURL: proxy.URL})
 	key, value := runMark(t)
 	t.Cleanup(func() { killMarked(key, value) })
+	// Nothing on stdout: with the daemon gone a write there would end the
+	// script with SIGPIPE, and the test needs it to outlive the crash.
+	started := filepath.Join(t.TempDir(), "started")
 	id := submitInv(t, cp, "--runner", "process", "--env", key+"="+value, "--script",
-		writeTemp(t, "long.sh", []byte("echo started; sleep 120")))
+		writeTemp(t, "long.sh", []byte("touch "+started+"; exec sleep 120")))
 	waitInvState(t, cp, id, operatorapi.InvocationRunning, 30*time.Second)
-	wait.For(t, 30*time.Second, "the run's process", func() bool { return marked(key, value) > 0 })
+	wait.For(t, 30*time.Second, "the run's script to start", func() bool { _, err := os.Stat(started); return err == nil })
 
 	d.Kill()
 	if marked(key, value) == 0 {
