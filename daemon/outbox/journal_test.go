@@ -68,6 +68,18 @@ func newRecordingCP(t *testing.T) (*recordingCP, *uplink.Client) {
 	return c, client
 }
 
+// downClient is a client of a control plane that answers 503 to
+// everything, for an outbox that plays a process about to die. Its own
+// server, not a refusing phase of the one the next process posts to: a
+// post the dead outbox abandoned may still reach its server after the
+// outbox closed, and must not count as the next process's.
+func downClient(t *testing.T) *uplink.Client {
+	t.Helper()
+	c, client := newRecordingCP(t)
+	c.setRefuse(true)
+	return client
+}
+
 func (c *recordingCP) setRefuse(v bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -237,9 +249,8 @@ func TestRecoverReportsInterruptedJobsOnce(t *testing.T) {
 // stored outcome is posted, not "unknown".
 func TestRecoverPrefersAStoredOutcome(t *testing.T) {
 	c, client := newRecordingCP(t)
-	c.setRefuse(true)
 	dir := t.TempDir()
-	dead := open(t, dir, client, zerolog.Nop())
+	dead := open(t, dir, downClient(t), zerolog.Nop())
 	if err := dead.Begin(outbox.JobExec, "e2", "cmd"); err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +267,6 @@ func TestRecoverPrefersAStoredOutcome(t *testing.T) {
 	if err := os.WriteFile(log, begun, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c.setRefuse(false)
 	next := open(t, dir, client, zerolog.Nop())
 	got, err := next.Recover()
 	if err != nil || len(got) != 0 {
@@ -280,14 +290,12 @@ func TestRecoverPrefersAStoredOutcome(t *testing.T) {
 // posted.
 func TestCorruptResultsAreSetAside(t *testing.T) {
 	c, client := newRecordingCP(t)
-	c.setRefuse(true)
 	dir := t.TempDir()
-	dead := open(t, dir, client, zerolog.Nop())
+	dead := open(t, dir, downClient(t), zerolog.Nop())
 	if err := dead.ExecResult("good", &messages.ExecResult{ExitCode: 3}); err != nil {
 		t.Fatal(err)
 	}
 	closeNow(dead)
-	c.setRefuse(false)
 	bad := map[string][]byte{
 		filepath.Join(dir, "garbage.msgpack"):          []byte("\xc1\xc1 not msgpack"),
 		filepath.Join(dir, "empty.msgpack"):            {},
