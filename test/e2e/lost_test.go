@@ -10,12 +10,15 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"nymph/daemon/outbox"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
 	"nymph/test/harness"
@@ -198,8 +201,8 @@ func namelessProxy(t *testing.T, target string) (proxyURL string, stripped *atom
 	return srv.URL, stripped
 }
 
-// A daemon that names no incarnation and comes back without a run it had
-// reported: its polls no longer list the run, and after the stale window
+// A daemon that names no incarnation and keeps no journal (as the original
+// one) comes back without a run it had reported: its polls no longer list the run, and after the stale window
 // the waiting `run` ends, non-zero, saying the daemon restarted or lost it.
 func TestRunLeftOutOfPollsAfterARestartFails(t *testing.T) {
 	t.Parallel()
@@ -216,6 +219,12 @@ func TestRunLeftOutOfPollsAfterARestartFails(t *testing.T) {
 			strings.Contains(invs.Invocations[0].StdoutTail, "started")
 	})
 	d.Kill()
+	// The original daemon keeps no journal: without this one's, the
+	// restarted nymph cannot report the run itself, and the control plane
+	// has only the polls to go by.
+	if err := os.Remove(filepath.Join(d.Workdir, "outbox", outbox.JournalFile)); err != nil {
+		t.Fatalf("remove the job journal: %v", err)
+	}
 	restarted := time.Now()
 	d.Start(d.Bin, nil)
 	r := run.end(t, 60*time.Second)
