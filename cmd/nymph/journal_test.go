@@ -41,6 +41,29 @@ func lines(t *testing.T, file string) int {
 	return strings.Count(string(b), "\n")
 }
 
+// jobMark is an environment entry of a test's own, given to the jobs it
+// starts: their processes are found by it, and killed by it at cleanup,
+// never by a pid that may have been reused.
+type jobMark struct{ key, value string }
+
+func newJobMark(t *testing.T) jobMark {
+	m := jobMark{"NYMPH_BIN_MARK", strconv.FormatInt(time.Now().UnixNano(), 36)}
+	t.Cleanup(func() {
+		for _, p := range m.pids() {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
+	return m
+}
+
+func (m jobMark) env() map[string]string { return map[string]string{m.key: m.value} }
+
+// pids lists the live processes carrying the mark.
+func (m jobMark) pids() []int {
+	pids, _ := orphans.WithEnv("/proc", m.key+"="+m.value)
+	return pids
+}
+
 // A nymph SIGKILLed while an exec and a run are going: the next start ends
 // what they left, reports each once as interrupted by the restart, and
 // does not run either again when its command comes a second time (as it
@@ -50,29 +73,19 @@ func TestRestartReportsInterruptedJobsOnce(t *testing.T) {
 	cfg, dir := writeConfig(t, cp, "")
 	d := start(t, nil, "run", "--config", cfg)
 	cp.Wait(20*time.Second, "a poll", func() bool { return len(cp.Polls()) > 0 })
-	mark := "NYMPH_BIN_MARK=" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	k, v, _ := strings.Cut(mark, "=")
-	t.Cleanup(func() {
-		pids, _ := orphans.WithEnv("/proc", mark)
-		for _, p := range pids {
-			_ = syscall.Kill(p, syscall.SIGKILL)
-		}
-	})
+	mark := newJobMark(t)
 	execPID, runPID, ran := filepath.Join(dir, "exec.pid"), filepath.Join(dir, "run.pid"), filepath.Join(dir, "ran")
 	execCmd, _ := messages.EncodeCommand("cmd-exec", messages.KindExec, &messages.Exec{ExecID: "long-exec",
-		Command: fmt.Sprintf("echo exec >> %s; echo $$ > %s; exec sleep 120", ran, execPID), Env: map[string]string{k: v}})
+		Command: fmt.Sprintf("echo exec >> %s; echo $$ > %s; exec sleep 120", ran, execPID), Env: mark.env()})
 	runCmd, _ := messages.EncodeCommand("cmd-run", messages.KindRun, &messages.Run{InvocationID: "long-run",
 		Script:    ptr(fmt.Sprintf("echo run >> %s; echo $$ > %s; exec sleep 120", ran, runPID)),
-		RunConfig: messages.RunConfig{Env: map[string]string{k: v}}})
+		RunConfig: messages.RunConfig{Env: mark.env()}})
 	cp.Queue(execCmd, runCmd)
 	readPID(t, execPID)
 	readPID(t, runPID)
 	// By the jobs' mark, not their pids: a reaped pid may be another
 	// process's by the time it is looked at.
-	marked := func() int {
-		pids, _ := orphans.WithEnv("/proc", mark)
-		return len(pids)
-	}
+	marked := func() int { return len(mark.pids()) }
 	jobs := marked()
 
 	_ = d.cmd.Process.Kill() // nymph alone: its jobs lead groups of their own

@@ -3,13 +3,10 @@ package main_test
 import (
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"nymph/daemon/orphans"
 	"nymph/messages"
 	"nymph/test/fakecp"
 )
@@ -123,16 +120,9 @@ func TestRestartedSingleJobDaemonReportsItsJobAndExits(t *testing.T) {
 	cfg, dir := writeConfig(t, cp, "keep_alive_s = 0")
 	d := start(t, nil, "run", "--config", cfg)
 	cp.Wait(20*time.Second, "a poll", func() bool { return len(cp.Polls()) > 0 })
-	mark := "NYMPH_BIN_MARK=" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	k, v, _ := strings.Cut(mark, "=")
-	t.Cleanup(func() {
-		pids, _ := orphans.WithEnv("/proc", mark)
-		for _, p := range pids {
-			_ = syscall.Kill(p, syscall.SIGKILL)
-		}
-	})
+	mark := newJobMark(t)
 	pidFile := filepath.Join(dir, "job.pid")
-	cp.QueueExec(messages.Exec{ExecID: "only", Command: fmt.Sprintf("echo $$ > %s; exec sleep 120", pidFile), Env: map[string]string{k: v}})
+	cp.QueueExec(messages.Exec{ExecID: "only", Command: fmt.Sprintf("echo $$ > %s; exec sleep 120", pidFile), Env: mark.env()})
 	readPID(t, pidFile)
 	_ = d.cmd.Process.Kill() // nymph alone: its job leads a group of its own
 	d.wait(10 * time.Second)
@@ -152,8 +142,7 @@ func TestRestartedSingleJobDaemonReportsItsJobAndExits(t *testing.T) {
 	if n := len(cp.Hellos()); n != hellos {
 		t.Fatalf("the restarted single-job nymph said hello (%d hellos, %d before): it may take another job", n, hellos)
 	}
-	pids, _ := orphans.WithEnv("/proc", mark)
-	if len(pids) != 0 {
+	if pids := mark.pids(); len(pids) != 0 {
 		t.Fatalf("the interrupted job's processes %v outlived the restart", pids)
 	}
 }
