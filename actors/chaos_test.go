@@ -28,6 +28,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"nymph/actors"
 	"nymph/actors/execs"
@@ -651,12 +652,10 @@ func orphanedJobs(t *testing.T, runMark string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Found, counted, and then ended: a soak leaves nothing behind. Each
-	// pid was read alive just now and is not our child, so it cannot have
-	// been reaped and reused.
+	// Counted, then ended: a run leaves nothing behind.
 	t.Cleanup(func() {
 		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+			killMarked(pid, runMarkKey+"="+runMark)
 		}
 	})
 	seen := map[string]bool{}
@@ -676,6 +675,22 @@ func orphanedJobs(t *testing.T, runMark string) []string {
 		}
 	}
 	return jobs
+}
+
+// killMarked SIGKILLs process pid if it still carries the mark kv. The pid
+// is not our child, so it may have died and been reused meanwhile: the
+// pidfd pins one process, and the mark is read after it is opened, so the
+// signal reaches a process of ours or none.
+func killMarked(pid int, kv string) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	k, v, _ := strings.Cut(kv, "=")
+	if envOf(pid, k) == v {
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	}
 }
 
 // envOf is the value of key in the initial environment of process pid.
