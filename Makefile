@@ -19,7 +19,7 @@ PKGS         ?= ./...
 TEST_TIMEOUT ?= 12m
 TEST_FLAGS   ?= -race -count=1 -timeout $(TEST_TIMEOUT)
 
-.PHONY: all build test vet bench run clean
+.PHONY: all build test vet bench chaos run clean
 
 all: build
 
@@ -42,6 +42,21 @@ bench:
 	else \
 		echo "bench: test/bench/run.sh does not exist yet" >&2; exit 1; \
 	fi
+
+# The soak: CHAOS_JOBS jobs of every kind (short, streaming and timing-out
+# execs, runs, setups) on one daemon while its actors are crashed and
+# stopped at random (TestChaosSoak in actors/chaos_test.go). It prints the
+# lost, duplicated and orphaned counts, the goroutine delta and the
+# throughput, and fails unless they are 0, 0, 0 and at most +8. Knobs, all
+# optional: CHAOS_SEED (printed by every run, to replay one),
+# CHAOS_MAX_INVOCATIONS (permits, 48), CHAOS_KILL_EVERY (mean pause between
+# two blows, 150ms), CHAOS_LOG (keep the daemon's log there).
+CHAOS_JOBS  ?= 10000
+CHAOS_FLAGS ?= -race -timeout 15m
+export CHAOS_JOBS
+
+chaos:
+	$(GO) test $(CHAOS_FLAGS) -count=1 -v -run '^TestChaosSoak$$' ./actors/
 
 run:
 	@if [ -x scripts/run-local.sh ]; then \

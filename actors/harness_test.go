@@ -3,6 +3,7 @@ package actors_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -40,7 +41,9 @@ type setup struct {
 	deps     func(*actors.Deps)
 	opts     []actors.Option
 	level    zerolog.Level
-	noStart  bool
+	// logTo takes the daemon's log instead of t.Log.
+	logTo   io.Writer
+	noStart bool
 }
 
 func baseSettings(workdir string) actors.Settings {
@@ -76,7 +79,11 @@ func newHarness(t *testing.T, s setup) *harness {
 	if level == 0 {
 		level = zerolog.InfoLevel
 	}
-	log := zerolog.New(newTestLog(t)).Level(level).With().Timestamp().Logger()
+	var logTo io.Writer = newTestLog(t)
+	if s.logTo != nil {
+		logTo = s.logTo
+	}
+	log := zerolog.New(logTo).Level(level).With().Timestamp().Logger()
 	workdir := t.TempDir()
 	ob, err := outbox.Open(filepath.Join(workdir, "outbox"), client, log, outbox.WithBackoff(10*time.Millisecond, 100*time.Millisecond))
 	if err != nil {

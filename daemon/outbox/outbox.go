@@ -360,8 +360,14 @@ func (o *Outbox) attempt(rec record) error {
 }
 
 // retryable widens uplink.Retryable with 401 and 403: a result must not be
-// lost to a token or a clock that is being fixed.
+// lost to a token or a clock that is being fixed; and with a cancellation,
+// which deliver has checked is not the outbox's own: net/http can fail a
+// post with the context.Canceled of another request on the same
+// connection, and such a post is no refusal.
 func retryable(err error) bool {
+	if errors.Is(err, context.Canceled) {
+		return true
+	}
 	var se *uplink.StatusError
 	if errors.As(err, &se) && (se.Status == http.StatusUnauthorized || se.Status == http.StatusForbidden) {
 		return true

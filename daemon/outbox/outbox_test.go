@@ -2,8 +2,10 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -172,5 +174,45 @@ func TestLeftoversSurviveCloseAndArePostedOnReopen(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
 			t.Fatalf("tmp file %s left", name)
 		}
+	}
+}
+
+// cancelledFirst fails the first post the way net/http does when another
+// request cancelled on the same keep-alive connection takes this one down
+// with it: a *url.Error wrapping context.Canceled, while the caller's own
+// context is live. Every later post goes to the server.
+type cancelledFirst struct {
+	outbox.Poster
+	failed bool
+	mu     sync.Mutex
+}
+
+func (p *cancelledFirst) PostEncoded(ctx context.Context, path string, body []byte) error {
+	p.mu.Lock()
+	first := !p.failed
+	p.failed = true
+	p.mu.Unlock()
+	if first {
+		return fmt.Errorf("POST %s: %w", path, &url.Error{Op: "Post", URL: path, Err: context.Canceled})
+	}
+	return p.Poster.PostEncoded(ctx, path, body)
+}
+
+// A post that fails with a cancellation that is not the outbox's own is
+// retried, not dropped as a refusal (it was, and the result was lost).
+func TestCancelledPostThatIsNotOursIsRetried(t *testing.T) {
+	c, client := newCP(t, http.StatusServiceUnavailable)
+	dir := t.TempDir()
+	o, err := outbox.Open(dir, &cancelledFirst{Poster: client}, zerolog.Nop(), outbox.WithBackoff(time.Millisecond, 4*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.ExecResult("e1", &messages.ExecResult{ExitCode: 0}); err != nil {
+		t.Fatal(err)
+	}
+	waitAccepted(t, c, "/v1/daemon/exec/e1/result")
+	waitNoFiles(t, dir)
+	if err := o.Close(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

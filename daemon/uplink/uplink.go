@@ -15,6 +15,16 @@
 // key while requests are in flight: a request refused with 401 because the
 // key that signed it was replaced meanwhile is signed again and sent once
 // more, so a rotation fails no request.
+//
+// Requests the daemon abandons mid-flight as a matter of course (hello and
+// the long-poll, which a finished job cuts short; a job's payload download,
+// when the job is aborted) go through connection pools of their own, apart
+// from the deliveries (results, acks, log chunks). net/http can fail a
+// request whose own context is live with the context.Canceled of another
+// request cancelled on the same keep-alive connection around its answer,
+// after the victim may already have reached the server: sharing one pool, a
+// job's end could fail a result post that had in fact arrived, or one that
+// had not.
 package uplink
 
 import (
@@ -94,8 +104,10 @@ type Client struct {
 	base   *url.URL
 	token  string
 	signer Signer
-	http   *http.Client
-	now    func() time.Time
+	// http carries the deliveries and everything else; polls (hello,
+	// poll) and fetches (presign, download) have pools of their own.
+	http, polls, fetches *http.Client
+	now                  func() time.Time
 
 	// mu guards the enrollment token, dropped once a hello is accepted.
 	mu          sync.Mutex
@@ -210,14 +222,29 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 			return nil, err
 		}
 	}
+	c.polls, c.fetches = c.sibling(), c.sibling()
 	return c, nil
+}
+
+// sibling is a client like c.http (timeout, TLS) with a connection pool of
+// its own.
+func (c *Client) sibling() *http.Client {
+	hc := *c.http
+	if tr, ok := c.http.Transport.(*http.Transport); ok {
+		hc.Transport = tr.Clone()
+	}
+	return &hc
 }
 
 // BaseURL is the server URL the client was made for.
 func (c *Client) BaseURL() string { return c.base.String() }
 
 // CloseIdleConnections drops pooled connections.
-func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }
+func (c *Client) CloseIdleConnections() {
+	for _, hc := range []*http.Client{c.http, c.polls, c.fetches} {
+		hc.CloseIdleConnections()
+	}
+}
 
 // StatusError is a non-2xx answer.
 type StatusError struct {
@@ -264,11 +291,20 @@ type bearerKey struct{}
 // signerKey carries a per-request signer override in a context.
 type signerKey struct{}
 
+// poolKey carries the client (connection pool) a request goes through when
+// it is not c.http.
+type poolKey struct{}
+
+func via(ctx context.Context, hc *http.Client) context.Context {
+	return context.WithValue(ctx, poolKey{}, hc)
+}
+
 // Hello sends the first-contact request. With a key to sign with, the
 // request's public_key is that key's, and the hello is signed by it even if
 // a rotation replaces it meanwhile; the enrollment token rides along as
 // WithEnrollToken describes.
 func (c *Client) Hello(ctx context.Context, req *messages.HelloRequest) (*messages.HelloResponse, error) {
+	ctx = via(ctx, c.polls)
 	r := *req
 	if key := c.currentKey(); key != nil {
 		r.PublicKey = key.PublicKeyB64()
@@ -332,7 +368,7 @@ func (c *Client) RotateKey(ctx context.Context, req *messages.KeysRequest, outgo
 // Poll long-polls for commands.
 func (c *Client) Poll(ctx context.Context, req *messages.PollRequest) (*messages.PollResponse, error) {
 	var resp messages.PollResponse
-	if err := c.call(ctx, PathPoll, req, &resp); err != nil {
+	if err := c.call(via(ctx, c.polls), PathPoll, req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
@@ -357,7 +393,7 @@ func (c *Client) ExecResult(ctx context.Context, execID string, r *messages.Exec
 // Presign asks the payload store for a URL.
 func (c *Client) Presign(ctx context.Context, namespace string, req *messages.PresignRequest) (*messages.PresignResponse, error) {
 	var resp messages.PresignResponse
-	if err := c.call(ctx, PresignPath(namespace), req, &resp); err != nil {
+	if err := c.call(via(ctx, c.fetches), PresignPath(namespace), req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
@@ -393,7 +429,7 @@ func (c *Client) Download(ctx context.Context, rawURL string, limit int64) ([]by
 	if err != nil {
 		return nil, fmt.Errorf("download url %q: %w", rawURL, err)
 	}
-	return c.do(ctx, http.MethodGet, u, "", nil, limit)
+	return c.do(via(ctx, c.fetches), http.MethodGet, u, "", nil, limit)
 }
 
 // resolve joins an escaped route path onto the server URL, keeping any path
@@ -487,12 +523,16 @@ func (c *Client) send(ctx context.Context, method string, u *url.URL, contentTyp
 		signer = c.signer
 	}
 	rotating, _ := c.signer.(RotatingSigner)
+	hc, ok := ctx.Value(poolKey{}).(*http.Client)
+	if !ok {
+		hc = c.http
+	}
 	for attempt := 0; ; attempt++ {
 		req, err := c.newRequest(ctx, method, u, contentType, body, signer)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := c.http.Do(req)
+		resp, err := hc.Do(req)
 		if err != nil {
 			return nil, fmt.Errorf("%s %s: %w", method, u.Redacted(), err)
 		}

@@ -286,3 +286,56 @@ func TestHelloTokenOnlyOnHello(t *testing.T) {
 		t.Fatalf("poll auth %q", r.Header.Get("Authorization"))
 	}
 }
+
+// The long-poll, which a finished job cuts short, and a job's payload
+// fetch, which an aborted job cuts short, never share a keep-alive
+// connection with the deliveries (results, acks, chunks), nor with each
+// other: net/http can fail a live request with the context.Canceled of
+// another one cancelled on the same connection (the chaos soak lost chunks
+// and results to it while polls were being abandoned).
+func TestAbandonedRequestsKeepToConnectionsOfTheirOwn(t *testing.T) {
+	srv, s := server(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		switch {
+		case r.URL.Path == uplink.PathPoll:
+			writeMsgpack(t, w, &messages.PollResponse{Commands: []messages.Command{}})
+		case strings.HasSuffix(r.URL.Path, "/presign"):
+			writeMsgpack(t, w, &messages.PresignResponse{URL: "/blobs/k1", Key: "k1"})
+		case strings.HasPrefix(r.URL.Path, "/blobs/"):
+			_, _ = w.Write([]byte("payload"))
+		default:
+			w.WriteHeader(http.StatusNoContent)
+		}
+	})
+	c, err := uplink.New(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, key := context.Background(), "k1"
+	family := map[string]string{}
+	steps := []struct {
+		family string
+		do     func() error
+	}{
+		{"poll", func() error { _, err := c.Poll(ctx, &messages.PollRequest{WorkerID: "w"}); return err }},
+		{"delivery", func() error { return c.ExecResult(ctx, "e1", &messages.ExecResult{}) }},
+		{"fetch", func() error {
+			_, err := c.Presign(ctx, "default", &messages.PresignRequest{Op: messages.PresignGet, Key: &key})
+			return err
+		}},
+		{"delivery", func() error { return c.PostChunk(ctx, "/v1/daemon/exec/e1/chunk", []byte("x")) }},
+		{"poll", func() error { _, err := c.Poll(ctx, &messages.PollRequest{WorkerID: "w"}); return err }},
+		{"fetch", func() error { _, err := c.Download(ctx, "/blobs/k1", 1<<20); return err }},
+		{"delivery", func() error { return c.Ack(ctx, &messages.Ack{InvocationID: "i1", State: messages.StateSucceeded}) }},
+		{"poll", func() error { _, err := c.Poll(ctx, &messages.PollRequest{WorkerID: "w"}); return err }},
+	}
+	for i, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("step %d (%s): %v", i, st.family, err)
+		}
+		r, _ := s.last()
+		if f, ok := family[r.RemoteAddr]; ok && f != st.family {
+			t.Fatalf("step %d: a %s request on the connection of a %s one (%s %s)", i, st.family, f, r.Method, r.URL.Path)
+		}
+		family[r.RemoteAddr] = st.family
+	}
+}

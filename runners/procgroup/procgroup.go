@@ -47,10 +47,15 @@ const stderrTailSize = 8 << 10
 // (the spec's 8 KiB reads).
 const readSize = 8 << 10
 
-// readerDrain bounds how long output readers may run after the group is
-// gone; only a process that left the group (setsid) can hold a pipe open
-// that long.
+// readerDrain bounds how long output readers may wait for the end of their
+// pipe after the group is gone; only a process that left the group (setsid)
+// can hold a pipe open that long. What is already in the pipe is read in
+// any case (see stopReading).
 const readerDrain = 2 * time.Second
+
+// drainCap bounds what a stopped reader still reads, should whatever holds
+// the pipe keep writing.
+const drainCap = 1 << 20
 
 // Command is one child command.
 type Command struct {
@@ -238,9 +243,13 @@ func Run(ctx context.Context, c Command) (Result, error) {
 	select {
 	case <-drained:
 	case <-time.After(readerDrain):
-		// Something outside the group still holds a pipe; stop reading.
-		outR.Close()
-		errR.Close()
+		// Something outside the group still holds a pipe; stop reading
+		// once what is in it has been read.
+		for _, r := range []*os.File{outR, errR} {
+			if !stopReading(r) {
+				r.Close()
+			}
+		}
 		<-drained
 	}
 	outR.Close()
@@ -324,22 +333,64 @@ func waitGone(pgid int, limit time.Duration, kill <-chan struct{}) bool {
 	}
 }
 
-// copyOut copies r to every sink until r ends; a sink that fails is
-// dropped, so that it cannot stall the child on a full pipe.
+// copyOut copies r to every sink until r ends, or until stopReading and
+// then what was in the pipe by then; a sink that fails is dropped, so that
+// it cannot stall the child on a full pipe.
 func copyOut(r *os.File, sinks ...io.Writer) {
 	buf := make([]byte, readSize)
-	for {
-		n, err := r.Read(buf)
+	write := func(b []byte) {
 		for i, w := range sinks {
-			if n > 0 && w != nil {
-				if _, werr := w.Write(buf[:n]); werr != nil {
+			if w != nil {
+				if _, werr := w.Write(b); werr != nil {
 					sinks[i] = nil
 				}
 			}
 		}
+	}
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			write(buf[:n])
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			drainPending(r, buf, write)
+			return
+		}
 		if err != nil {
 			return
 		}
+	}
+}
+
+// stopReading makes the reader of r (copyOut) read what is in the pipe now
+// and return, rather than wait for the end of the pipe. Closing r instead
+// dropped output already written: a reader goroutine that the scheduler
+// had not run yet (a loaded host) found the pipe closed, and an exec
+// exited 0 with its stdout lost, which the chaos soak caught. It reports
+// false when r takes no deadline (not a pollable pipe).
+func stopReading(r *os.File) bool {
+	return r.SetReadDeadline(time.Now()) == nil
+}
+
+// drainPending reads from r, without waiting, until the pipe is empty or
+// ends (or drainCap bytes came), and hands each read to write.
+func drainPending(r *os.File, buf []byte, write func([]byte)) {
+	rc, err := r.SyscallConn()
+	if err != nil || r.SetReadDeadline(time.Time{}) != nil {
+		return
+	}
+	for total := 0; total < drainCap; {
+		var n int
+		var rerr error
+		// The callback returns true: one read, no wait for readiness.
+		if err := rc.Read(func(fd uintptr) bool {
+			n, rerr = unix.Read(int(fd), buf)
+			return true
+		}); err != nil || rerr != nil || n <= 0 {
+			return
+		}
+		write(buf[:n])
+		total += n
 	}
 }
 
