@@ -10,7 +10,6 @@ package actors_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -308,7 +307,7 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosReport {
 	// environment the shell is built with, runs and setups through the
 	// process runner's.
 	t.Setenv(runMarkKey, runMark)
-	out := &setupOutcomes{next: cfg.log, counts: map[string]int{}}
+	out := &levelFilter{next: cfg.log}
 	if cfg.log == nil {
 		out.next, out.min = newTestLog(t), zerolog.WarnLevel
 	}
@@ -348,7 +347,7 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosReport {
 	last, lastChange := -1, time.Now()
 	var kindsDone [nKinds]time.Duration
 	wait.Until(24*time.Hour, func() bool {
-		byKind := plan.outcomes(h, out)
+		byKind := plan.outcomes(h)
 		n := 0
 		for k, got := range byKind {
 			n += got
@@ -375,7 +374,7 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosReport {
 	}
 
 	r := &chaosReport{cfg: cfg, elapsed: elapsed, kindsDone: kindsDone, crashes: m.crashes.Load(), stops: m.stops.Load(), outcomes: map[string]int{}}
-	plan.account(h, out, r)
+	plan.account(h, r)
 	r.setupOrder = setupOrder(t, orderFile)
 	r.orphanedIDs = orphanedJobs(t, runMark)
 	r.orphaned = len(r.orphanedIDs)
@@ -462,8 +461,8 @@ func planChaos(h *harness, cfg chaosConfig, orderFile string) *chaosPlan {
 }
 
 // outcomes counts the jobs of each kind with at least one outcome so far.
-func (p *chaosPlan) outcomes(h *harness, out *setupOutcomes) [nKinds]int {
-	results, acks, setups := h.cp.Results(), ackCounts(h.cp), out.snapshot()
+func (p *chaosPlan) outcomes(h *harness) [nKinds]int {
+	results, acks, setups := h.cp.Results(), ackCounts(h.cp), setupEvents(h.cp)
 	var n [nKinds]int
 	for _, j := range p.jobs {
 		var got bool
@@ -492,8 +491,8 @@ func ackCounts(cp *fakecp.CP) map[string]int {
 
 // account counts each job's outcomes into r: none is lost, more than one
 // duplicated, and a single one is classified and checked against the job.
-func (p *chaosPlan) account(h *harness, out *setupOutcomes, r *chaosReport) {
-	results, setups := h.cp.Results(), out.snapshot()
+func (p *chaosPlan) account(h *harness, r *chaosReport) {
+	results, setups := h.cp.Results(), setupEvents(h.cp)
 	acks := map[string][]messages.Ack{}
 	for _, a := range h.cp.Acks() {
 		acks[a.InvocationID] = append(acks[a.InvocationID], a)
@@ -576,57 +575,39 @@ func (r *chaosReport) classifyRun(j chaosJob, a messages.Ack) {
 	}
 }
 
-// setupOutcomes counts the outcome of each setup, by command id, in the
-// daemon's log, which is where a setup's outcome is recorded (its script
-// may well run twice: an interrupted setup runs again from the head of the
-// queue). Every line is passed on to next, if at least at level min.
-type setupOutcomes struct {
-	next io.Writer
-	min  zerolog.Level
-
-	mu     sync.Mutex
-	counts map[string]int
-	wmu    sync.Mutex
+// setupEvents counts the setup.finished events the control plane received,
+// by setup command id: what the operator sees of each setup (its script
+// may well run twice, as an interrupted setup runs again from the head of
+// the queue, but its outcome is reported once).
+func setupEvents(cp *fakecp.CP) map[string]int {
+	m := map[string]int{}
+	for _, e := range cp.Events() {
+		if e.Kind == messages.EventSetupFinished {
+			m[e.InvocationID]++
+		}
+	}
+	return m
 }
 
-var setupActor = []byte(`"actor":"setup"`)
+// levelFilter passes the daemon's log lines at level min or above to next.
+type levelFilter struct {
+	next io.Writer
+	min  zerolog.Level
+	mu   sync.Mutex
+}
 
-func (s *setupOutcomes) Write(p []byte) (int, error) {
-	return s.WriteLevel(zerolog.NoLevel, p)
+func (f *levelFilter) Write(p []byte) (int, error) {
+	return f.WriteLevel(zerolog.NoLevel, p)
 }
 
 // WriteLevel implements zerolog.LevelWriter.
-func (s *setupOutcomes) WriteLevel(level zerolog.Level, p []byte) (int, error) {
-	if bytes.Contains(p, setupActor) {
-		var line struct {
-			Message   string `json:"message"`
-			CommandID string `json:"command_id"`
-		}
-		if json.Unmarshal(p, &line) == nil {
-			switch line.Message {
-			case "setup succeeded", "setup failed", "setup could not run":
-				s.mu.Lock()
-				s.counts[line.CommandID]++
-				s.mu.Unlock()
-			}
-		}
-	}
-	if level != zerolog.NoLevel && level < s.min {
+func (f *levelFilter) WriteLevel(level zerolog.Level, p []byte) (int, error) {
+	if level != zerolog.NoLevel && level < f.min {
 		return len(p), nil
 	}
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	return s.next.Write(p)
-}
-
-func (s *setupOutcomes) snapshot() map[string]int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make(map[string]int, len(s.counts))
-	for k, v := range s.counts {
-		out[k] = v
-	}
-	return out
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.next.Write(p)
 }
 
 // setupOrder is the order the setups finished their scripts in, a setup
