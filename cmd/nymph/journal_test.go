@@ -64,6 +64,23 @@ func (m jobMark) pids() []int {
 	return pids
 }
 
+// waitAsleep waits until n processes carry the mark, each of them a
+// sleep: a job's shell has exec'd its sleep, and a process in the middle
+// of that exec, which can read as unmarked for an instant, is not
+// counted (nor missed by the next start's sweep).
+func (m jobMark) waitAsleep(t *testing.T, n int) {
+	t.Helper()
+	wait.For(t, 30*time.Second, fmt.Sprintf("%d marked jobs to be sleeping", n), func() bool {
+		pids := m.pids()
+		for _, p := range pids {
+			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); err != nil || strings.TrimSpace(string(comm)) != "sleep" {
+				return false
+			}
+		}
+		return len(pids) == n
+	})
+}
+
 // A nymph SIGKILLed while an exec and a run are going: the next start ends
 // what they left, reports each once as interrupted by the restart, and
 // does not run either again when its command comes a second time (as it
@@ -86,17 +103,7 @@ func TestRestartReportsInterruptedJobsOnce(t *testing.T) {
 	// By the jobs' mark, not their pids: a reaped pid may be another
 	// process's by the time it is looked at.
 	marked := func() int { return len(mark.pids()) }
-	// Each job is one process once its shell has exec'd sleep; a process
-	// in the middle of that exec can read as unmarked for an instant.
-	wait.For(t, 30*time.Second, "both jobs to be sleeping", func() bool {
-		pids := mark.pids()
-		for _, p := range pids {
-			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); err != nil || strings.TrimSpace(string(comm)) != "sleep" {
-				return false
-			}
-		}
-		return len(pids) == 2
-	})
+	mark.waitAsleep(t, 2)
 
 	_ = d.cmd.Process.Kill() // nymph alone: its jobs lead groups of their own
 	d.wait(10 * time.Second)

@@ -124,6 +124,7 @@ func TestRestartedSingleJobDaemonReportsItsJobAndExits(t *testing.T) {
 	pidFile := filepath.Join(dir, "job.pid")
 	cp.QueueExec(messages.Exec{ExecID: "only", Command: fmt.Sprintf("echo $$ > %s; exec sleep 120", pidFile), Env: mark.env()})
 	readPID(t, pidFile)
+	mark.waitAsleep(t, 1)
 	_ = d.cmd.Process.Kill() // nymph alone: its job leads a group of its own
 	d.wait(10 * time.Second)
 	hellos := len(cp.Hellos())
