@@ -40,7 +40,9 @@ func (s *Server) handleInvocationLogs(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, errNoSuchInvocation)
 		return
 	}
-	s.sweepLost(r.Context())
+	// Only invocations, as the invocation reads do: `run` and `logs
+	// --follow` call this all the time, and execs are the ticker's.
+	s.sweepLostInvocations(r.Context())
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	first := ""
