@@ -134,30 +134,78 @@ func NewVerifier(lookup KeyLookup, opts ...Option) *Verifier {
 // headers each present exactly once and well-formed, the timestamp within
 // the skew, the signature 64 bytes, the key enrolled and not revoked, the
 // signature valid over Canonical, and the nonce unseen. The nonce is
-// recorded only once the signature has verified.
+// recorded only once the signature has verified. It is Begin then
+// Pending.Finish.
 func (v *Verifier) Verify(ctx context.Context, req *http.Request, body []byte, now time.Time) (string, error) {
-	h, err := v.parse(req, now)
+	p, err := v.Begin(ctx, req, now)
 	if err != nil {
 		return "", err
 	}
+	return p.Finish(ctx, body)
+}
+
+// Pending is a signed request whose headers and key have been checked and
+// whose body has not been read yet. It is used by one goroutine, once.
+type Pending struct {
+	v   *Verifier
+	req *http.Request
+	h   sigHeaders
+	pub ed25519.PublicKey
+	now time.Time
+}
+
+// KeyID is the id of the stored key the request claims to be signed by.
+func (p *Pending) KeyID() string { return p.h.keyID }
+
+// Begin does every check that needs no body: the headers, the clock skew,
+// the signature's encoding, and the key enrolled and not revoked. A server
+// calls it before it reads the body, so that a stranger's request costs
+// no more than its headers; Finish then checks the body.
+func (v *Verifier) Begin(ctx context.Context, req *http.Request, now time.Time) (*Pending, error) {
+	h, err := v.parse(req, now)
+	if err != nil {
+		return nil, err
+	}
 	if v.lookup == nil {
-		return "", fmt.Errorf("identity: key %q: verifier has no key lookup: %w", h.keyID, ErrUnknownKey)
+		return nil, fmt.Errorf("identity: key %q: verifier has no key lookup: %w", h.keyID, ErrUnknownKey)
 	}
 	pub, revoked, err := v.lookup.LookupKey(ctx, h.keyID)
 	switch {
 	case errors.Is(err, ErrUnknownKey), err == nil && pub == nil:
-		return "", fmt.Errorf("identity: key %q: %w", h.keyID, ErrUnknownKey)
+		return nil, fmt.Errorf("identity: key %q: %w", h.keyID, ErrUnknownKey)
 	case err != nil:
-		return "", fmt.Errorf("identity: look up key %q: %w", h.keyID, err)
+		return nil, fmt.Errorf("identity: look up key %q: %w", h.keyID, err)
 	case len(pub) != ed25519.PublicKeySize:
-		return "", fmt.Errorf("identity: stored public key for %q is %d bytes, want %d", h.keyID, len(pub), ed25519.PublicKeySize)
+		return nil, fmt.Errorf("identity: stored public key for %q is %d bytes, want %d", h.keyID, len(pub), ed25519.PublicKeySize)
 	case revoked:
-		return "", fmt.Errorf("identity: key %q: %w", h.keyID, ErrRevokedKey)
+		return nil, fmt.Errorf("identity: key %q: %w", h.keyID, ErrRevokedKey)
 	}
-	if err := v.check(ctx, req, body, h, pub, now); err != nil {
+	return &Pending{v: v, req: req, h: h, pub: pub, now: now}, nil
+}
+
+// Finish checks the signature over body (the exact bytes received) and
+// records the nonce, and returns the signing key's id.
+func (p *Pending) Finish(ctx context.Context, body []byte) (string, error) {
+	if err := p.v.check(ctx, p.req, body, p.h, p.pub, p.now); err != nil {
 		return "", err
 	}
-	return h.keyID, nil
+	return p.h.keyID, nil
+}
+
+// BeginWithKey is Begin for a request signed by a key that is not stored
+// yet (see VerifyWithKey): the key id header must equal KeyID(pub).
+func (v *Verifier) BeginWithKey(pub ed25519.PublicKey, req *http.Request, now time.Time) (*Pending, error) {
+	h, err := v.parse(req, now)
+	if err != nil {
+		return nil, err
+	}
+	if len(pub) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("identity: public_key is %d bytes, want %d: %w", len(pub), ed25519.PublicKeySize, ErrKeyIDMismatch)
+	}
+	if want := KeyID(pub); h.keyID != want {
+		return nil, fmt.Errorf("identity: %s %q, public_key has id %q: %w", HeaderKeyID, h.keyID, want, ErrKeyIDMismatch)
+	}
+	return &Pending{v: v, req: req, h: h, pub: pub, now: now}, nil
 }
 
 // VerifyWithKey is Verify for a request signed by a key that is not stored
@@ -165,20 +213,11 @@ func (v *Verifier) Verify(ctx context.Context, req *http.Request, body []byte, n
 // header must equal KeyID(pub) (else ErrKeyIDMismatch); skew, signature and
 // nonce are checked as in Verify, against the same nonce cache.
 func (v *Verifier) VerifyWithKey(ctx context.Context, pub ed25519.PublicKey, req *http.Request, body []byte, now time.Time) (string, error) {
-	h, err := v.parse(req, now)
+	p, err := v.BeginWithKey(pub, req, now)
 	if err != nil {
 		return "", err
 	}
-	if len(pub) != ed25519.PublicKeySize {
-		return "", fmt.Errorf("identity: public_key is %d bytes, want %d: %w", len(pub), ed25519.PublicKeySize, ErrKeyIDMismatch)
-	}
-	if want := KeyID(pub); h.keyID != want {
-		return "", fmt.Errorf("identity: %s %q, public_key has id %q: %w", HeaderKeyID, h.keyID, want, ErrKeyIDMismatch)
-	}
-	if err := v.check(ctx, req, body, h, pub, now); err != nil {
-		return "", err
-	}
-	return h.keyID, nil
+	return p.Finish(ctx, body)
 }
 
 type sigHeaders struct {

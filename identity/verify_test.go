@@ -584,3 +584,40 @@ func TestNonceLedgerSharedByVerifiers(t *testing.T) {
 		t.Fatal("accepted while the ledger was down")
 	}
 }
+
+// Begin decides everything a stranger can get wrong from the headers alone,
+// so a server can refuse before it reads a byte of the body; Finish then
+// checks the body those headers signed.
+func TestBeginRefusesBeforeTheBodyAndFinishChecksIt(t *testing.T) {
+	k, stranger := seedKey(t, 1), seedKey(t, 2)
+	v := identity.NewVerifier(newMemKeys(k))
+	body := []byte("the body")
+	newReq := func(signer *identity.Key) *http.Request {
+		req := httptest.NewRequest(http.MethodPost, "/v1/daemon/poll", nil)
+		if err := signer.SignRequest(req, body, t0); err != nil {
+			t.Fatal(err)
+		}
+		return req
+	}
+	if _, err := v.Begin(context.Background(), newReq(stranger), t0); !errors.Is(err, identity.ErrUnknownKey) {
+		t.Fatalf("Begin with an unknown key: %v, want ErrUnknownKey", err)
+	}
+	if _, err := v.Begin(context.Background(), newReq(k), t0.Add(time.Hour)); !errors.Is(err, identity.ErrSkew) {
+		t.Fatalf("Begin an hour late: %v, want ErrSkew", err)
+	}
+	p, err := v.Begin(context.Background(), newReq(k), t0)
+	if err != nil || p.KeyID() != k.ID() {
+		t.Fatalf("Begin: %v, key %q", err, p.KeyID())
+	}
+	if _, err := p.Finish(context.Background(), []byte("another body")); !errors.Is(err, identity.ErrBadSignature) {
+		t.Fatalf("Finish over another body: %v, want ErrBadSignature", err)
+	}
+	p, _ = v.Begin(context.Background(), newReq(k), t0)
+	if kid, err := p.Finish(context.Background(), body); err != nil || kid != k.ID() {
+		t.Fatalf("Finish over the signed body: %q, %v", kid, err)
+	}
+	// BeginWithKey checks the claimed key id against the key carried along.
+	if _, err := v.BeginWithKey(stranger.PublicKey(), newReq(k), t0); !errors.Is(err, identity.ErrKeyIDMismatch) {
+		t.Fatalf("BeginWithKey with another key: %v, want ErrKeyIDMismatch", err)
+	}
+}
