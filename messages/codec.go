@@ -68,8 +68,13 @@ func Marshal(v any) ([]byte, error) {
 
 // Unmarshal decodes a msgpack body into v. Unknown keys are skipped and a
 // missing key leaves the field at its zero value, as serde does for Option.
+// Scan runs first: a body that is not one well-formed value, that nests
+// deeper than MaxDepth or whose headers declare more than its bytes hold is
+// refused before the decoder allocates anything for it (the decoder sizes a
+// slice by its declared length before reading a single element, so ten
+// bytes claiming 2^31 commands would otherwise ask for a hundred gigabytes).
 func Unmarshal(data []byte, v any) error {
-	if err := checkShape(data); err != nil {
+	if _, err := Scan(data); err != nil {
 		return fmt.Errorf("msgpack decode %T: %w", v, err)
 	}
 	dec := msgpack.NewDecoder(bytes.NewReader(data))
@@ -77,122 +82,6 @@ func Unmarshal(data []byte, v any) error {
 		return fmt.Errorf("msgpack decode %T: %w", v, err)
 	}
 	return nil
-}
-
-// maxDepth bounds nesting the way rmp_serde's default recursion limit does.
-const maxDepth = 1024
-
-// checkShape walks one msgpack value without allocating and refuses a
-// declared length the remaining bytes cannot hold, and nesting deeper than
-// maxDepth. The decoder sizes a slice by its declared length before reading
-// a single element, so ten bytes claiming 2^31 commands would otherwise ask
-// for a hundred gigabytes and kill the process.
-func checkShape(data []byte) error {
-	_, err := shapeAt(data, 0, 0)
-	return err
-}
-
-// shapeAt checks the value starting at b[i] and returns the offset after it.
-func shapeAt(b []byte, i, depth int) (int, error) {
-	if i >= len(b) {
-		return 0, fmt.Errorf("truncated at offset %d", i)
-	}
-	c := b[i]
-	i++
-	// length reads an n-byte big-endian length at b[i].
-	length := func(n int) (int, error) {
-		if len(b)-i < n {
-			return 0, fmt.Errorf("truncated length at offset %d", i)
-		}
-		var l uint64
-		for _, x := range b[i : i+n] {
-			l = l<<8 | uint64(x)
-		}
-		i += n
-		return int(l), nil
-	}
-	// skip steps over n payload bytes.
-	skip := func(n int) (int, error) {
-		if n < 0 || len(b)-i < n {
-			return 0, fmt.Errorf("code %#x at offset %d declares %d bytes, %d left", c, i-1, n, len(b)-i)
-		}
-		return i + n, nil
-	}
-	elems := -1
-	switch {
-	case c <= msgpcode.PosFixedNumHigh || c >= msgpcode.NegFixedNumLow,
-		c == msgpcode.Nil, c == msgpcode.False, c == msgpcode.True:
-		return i, nil
-	case c >= msgpcode.FixedMapLow && c <= msgpcode.FixedMapHigh:
-		elems = 2 * int(c&msgpcode.FixedMapMask)
-	case c >= msgpcode.FixedArrayLow && c <= msgpcode.FixedArrayHigh:
-		elems = int(c & msgpcode.FixedArrayMask)
-	case c >= msgpcode.FixedStrLow && c <= msgpcode.FixedStrHigh:
-		return skip(int(c & msgpcode.FixedStrMask))
-	}
-	if elems < 0 {
-		var n int
-		var err error
-		switch c {
-		case msgpcode.Uint8, msgpcode.Int8:
-			return skip(1)
-		case msgpcode.Uint16, msgpcode.Int16:
-			return skip(2)
-		case msgpcode.Uint32, msgpcode.Int32, msgpcode.Float:
-			return skip(4)
-		case msgpcode.Uint64, msgpcode.Int64, msgpcode.Double:
-			return skip(8)
-		case msgpcode.FixExt1, msgpcode.FixExt2, msgpcode.FixExt4, msgpcode.FixExt8, msgpcode.FixExt16:
-			return skip(1 + 1<<(c-msgpcode.FixExt1))
-		case msgpcode.Str8, msgpcode.Bin8:
-			n, err = length(1)
-		case msgpcode.Str16, msgpcode.Bin16:
-			n, err = length(2)
-		case msgpcode.Str32, msgpcode.Bin32:
-			n, err = length(4)
-		case msgpcode.Ext8:
-			n, err = length(1)
-			n++
-		case msgpcode.Ext16:
-			n, err = length(2)
-			n++
-		case msgpcode.Ext32:
-			n, err = length(4)
-			n++
-		case msgpcode.Array16:
-			elems, err = length(2)
-		case msgpcode.Array32:
-			elems, err = length(4)
-		case msgpcode.Map16:
-			elems, err = length(2)
-			elems *= 2
-		case msgpcode.Map32:
-			elems, err = length(4)
-			elems *= 2
-		default:
-			return 0, fmt.Errorf("invalid code %#x at offset %d", c, i-1)
-		}
-		if err != nil {
-			return 0, err
-		}
-		if elems < 0 {
-			return skip(n)
-		}
-	}
-	// Every element takes at least one byte.
-	if elems > len(b)-i {
-		return 0, fmt.Errorf("code %#x at offset %d declares %d elements, %d bytes left", c, i-1, elems, len(b)-i)
-	}
-	if depth >= maxDepth {
-		return 0, fmt.Errorf("nesting deeper than %d at offset %d", maxDepth, i-1)
-	}
-	var err error
-	for range elems {
-		if i, err = shapeAt(b, i, depth+1); err != nil {
-			return 0, err
-		}
-	}
-	return i, nil
 }
 
 // Bytes is a byte field (args_blob, result_blob, payload_inline). It is

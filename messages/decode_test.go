@@ -1,6 +1,7 @@
 package messages_test
 
 import (
+	"errors"
 	"math"
 	"reflect"
 	"strings"
@@ -330,10 +331,13 @@ func TestUnmarshalRefusesImpossibleLengths(t *testing.T) {
 			}
 		})
 	}
-	// Nesting up to the limit is fine.
+	// Nesting up to the limit is fine, one level more is not.
 	var v any
-	if err := messages.Unmarshal(append([]byte(strings.Repeat("\x91", 1000)), 0xc0), &v); err != nil {
-		t.Fatalf("1000 levels: %v", err)
+	if err := messages.Unmarshal(append([]byte(strings.Repeat("\x91", messages.MaxDepth)), 0xc0), &v); err != nil {
+		t.Fatalf("%d levels: %v", messages.MaxDepth, err)
+	}
+	if err := messages.Unmarshal(append([]byte(strings.Repeat("\x91", messages.MaxDepth+1)), 0xc0), &v); !errors.Is(err, messages.ErrTooDeep) {
+		t.Fatalf("%d levels: %v, want ErrTooDeep", messages.MaxDepth+1, err)
 	}
 }
 
