@@ -19,6 +19,9 @@ const (
 	EventOtaFinished   = "ota.finished"
 )
 
+// MaxLogPiece is the most output one invocation.log event carries.
+const MaxLogPiece = 1 << 20
+
 // Streams of a log event.
 const (
 	StreamStdout = "stdout"

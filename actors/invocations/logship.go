@@ -52,7 +52,7 @@ type LogSettings struct {
 const (
 	defaultLogFlushEvery  = 200 * time.Millisecond
 	defaultLogFlushBytes  = 64 << 10
-	defaultLogMaxPiece    = 1 << 20
+	defaultLogMaxPiece    = messages.MaxLogPiece
 	defaultLogMaxBuffered = 16 << 20
 	defaultLogPostTimeout = 10 * time.Second
 	defaultLogRetryMin    = 200 * time.Millisecond

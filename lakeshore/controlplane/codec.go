@@ -15,13 +15,45 @@ import (
 	"nymph/messages"
 )
 
-// Body limits. A result carries up to 1 MiB of stdout and of stderr plus an
-// inline result; JSON escaping can blow that up several times.
+// Body limits: each daemon route's is what the daemon can legitimately
+// send on it, plus slack for the envelope; the operator routes keep theirs.
 const (
-	limitSmall  = 1 << 20
+	limitSmall = 1 << 20 // operator JSON requests
+	// limitResult bounds an operator's exec, setup and other command
+	// requests (a script, an exec's stdin).
 	limitResult = 32 << 20
-	limitChunk  = 16 << 20
-	limitAck    = 128 << 20
+	// An exec result carries at most messages.OutputCap of stdout and of
+	// stderr, and an inline result (null today) under the inline
+	// threshold, as bin or, from serde without serde_bytes, an array of
+	// small integers (two bytes each at most).
+	limitExecResult = 2*messages.OutputCap + 2*messages.InlineThreshold + limitSlack
+	// limitExecResultJSON is the same result as JSON: every output byte may
+	// be escaped as \u00XX (six bytes), a result byte written as "255,".
+	limitExecResultJSON = 6*2*messages.OutputCap + 4*messages.InlineThreshold + limitSlack
+	// limitExecChunk is one streamed exec chunk: the daemon posts what it
+	// buffered, which it bounds at 16 MiB (dropping the oldest bytes past
+	// it) while the chunk route does not answer.
+	limitExecChunk = 16 << 20
+	// limitHello: tags, lanes, runners, the version probes and a public
+	// key; a real one weighs a few KiB.
+	limitHello = 256 << 10
+	// limitPoll: the status of every run the daemon holds, each with a
+	// stdout tail of up to 4 KiB: a thousand runs.
+	limitPoll = 4 << 20
+	// limitAck: a result blob of up to messages.MaxPayload bytes (a bin),
+	// and an error whose traceback may be long.
+	limitAck = messages.MaxPayload + 1<<20
+	// limitEvent: one invocation.log piece (messages.MaxLogPiece of output
+	// as bin) or an outcome with its 4 KiB tail.
+	limitEvent = messages.MaxLogPiece + limitSlack
+	// limitResultChunk: one piece of a streamed result, cut like a log
+	// piece (no daemon posts them yet).
+	limitResultChunk = messages.MaxLogPiece + limitSlack
+	// limitKeys: a worker id, a public key and its id.
+	limitKeys = 16 << 10
+	// limitSlack is the envelope around the payload of a route: keys,
+	// ids, small fields.
+	limitSlack = 64 << 10
 )
 
 // fieldError is a client error naming the offending field.
@@ -42,14 +74,28 @@ func badField(status int, field, format string, args ...any) *fieldError {
 	return &fieldError{status: status, field: field, msg: fmt.Sprintf(format, args...)}
 }
 
-// readBody reads the whole body up to limit bytes.
+// readBody reads the whole body up to limit bytes. A Content-Length over
+// the limit is refused before a byte is read; one within it sizes the
+// buffer exactly, where growing it as io.ReadAll does can cost twice the
+// body.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	tooLarge := badField(http.StatusRequestEntityTooLarge, "body", "larger than %d bytes", limit)
+	if r.ContentLength > limit {
+		return nil, tooLarge
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, limit)
-	b, err := io.ReadAll(r.Body)
+	var b []byte
+	var err error
+	if r.ContentLength >= 0 {
+		b = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(r.Body, b)
+	} else {
+		b, err = io.ReadAll(r.Body)
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, badField(http.StatusRequestEntityTooLarge, "body", "larger than %d bytes", limit)
+			return nil, tooLarge
 		}
 		return nil, badField(http.StatusBadRequest, "body", "could not be read: %v", err)
 	}
@@ -78,24 +124,62 @@ func writeDaemonError(w http.ResponseWriter, err error) {
 	writeMsgpack(w, http.StatusServiceUnavailable, &messages.ValidationError{Error: "the control plane could not complete the request; retry"})
 }
 
-// decodeMsgpackMap decodes a msgpack body into a generic map, which lets the
-// routes tell a missing key from a zero value and name the field at fault.
-func decodeMsgpackMap(body []byte) (map[string]any, error) {
+// scanMap scans a msgpack body and returns it as a map whose keys are
+// strings, read in place: the routes check fields on it by path (telling a
+// missing key from a zero value, naming the field at fault) without
+// decoding anything into generic values, which cost 16 to 100 times the
+// bytes they are made from.
+func scanMap(body []byte) (messages.Value, error) {
 	if len(body) == 0 {
 		return nil, badField(http.StatusBadRequest, "body", "empty; want a msgpack map")
 	}
-	var m map[string]any
-	if err := messages.Unmarshal(body, &m); err != nil {
+	m, err := messages.ScanValue(body)
+	if err != nil {
 		return nil, badField(http.StatusBadRequest, "body", "not a msgpack map with string keys: %v", err)
 	}
-	if m == nil {
+	switch m.Type() {
+	case messages.TypeMap:
+	case messages.TypeNil:
 		return nil, badField(http.StatusBadRequest, "body", "nil; want a msgpack map")
+	default:
+		return nil, badField(http.StatusBadRequest, "body", "not a msgpack map with string keys: a %s", typeName(m.Type()))
+	}
+	for k := range m.Entries() {
+		// What the decoder reads a field name from.
+		if t := k.Type(); t != messages.TypeStr && t != messages.TypeBin && t != messages.TypeNil {
+			return nil, badField(http.StatusBadRequest, "body", "not a msgpack map with string keys: a key is a %s", typeName(t))
+		}
 	}
 	return m, nil
 }
 
-// decodeTyped decodes body into v after the generic checks passed; a failure
-// here means a field had a shape the checks did not anticipate.
+// typeName names a msgpack type in a refusal.
+func typeName(t messages.Type) string {
+	switch t {
+	case messages.TypeNil:
+		return "nil"
+	case messages.TypeBool:
+		return "boolean"
+	case messages.TypeInt:
+		return "integer"
+	case messages.TypeFloat:
+		return "float"
+	case messages.TypeStr:
+		return "string"
+	case messages.TypeBin:
+		return "bin"
+	case messages.TypeArray:
+		return "array"
+	case messages.TypeMap:
+		return "map"
+	case messages.TypeExt:
+		return "ext"
+	}
+	return "malformed value"
+}
+
+// decodeTyped decodes body into v after the checks passed; a failure here
+// means a field had a shape the checks did not anticipate.
 func decodeTyped(body []byte, v any) error {
 	if err := messages.Unmarshal(body, v); err != nil {
 		return badField(http.StatusUnprocessableEntity, "body", "does not fit the expected shape: %v", err)
@@ -103,12 +187,12 @@ func decodeTyped(body []byte, v any) error {
 	return nil
 }
 
-// decodeChecked decodes a msgpack body into v once its generic map passes
-// checks, so a fault is named by its field before the typed decode.
+// decodeChecked decodes a msgpack body into v once its fields pass checks,
+// so a fault is named by its field before the typed decode.
 func decodeChecked(body []byte, checks []check, v any) error {
-	raw, err := decodeMsgpackMap(body)
+	m, err := scanMap(body)
 	if err == nil {
-		err = runChecks(raw, checks)
+		err = runChecks(m, checks)
 	}
 	if err == nil {
 		err = decodeTyped(body, v)
@@ -138,8 +222,6 @@ func writeOperatorError(w http.ResponseWriter, err error) {
 	writeJSON(w, http.StatusServiceUnavailable, operatorapi.Error{Error: "the control plane could not complete the request; retry"})
 }
 
-// decodeJSON decodes one JSON object from body into v. An empty body is an
-// empty object.
 // readJSON reads a small operator request body and decodes it into v.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	body, err := readBody(w, r, limitSmall)
@@ -149,6 +231,10 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	return decodeJSON(body, v)
 }
 
+// decodeJSON decodes one JSON object from body into v. An empty body is an
+// empty object. It decodes in place (a json.Decoder would copy the body
+// into buffers of its own, up to twice its size), once the body's density
+// is known to be one whose decode stays within a few times its size.
 func decodeJSON(body []byte, v any) error {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 {
@@ -157,18 +243,51 @@ func decodeJSON(body []byte, v any) error {
 	if body[0] != '{' {
 		return badField(http.StatusBadRequest, "body", "not a JSON object")
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(v); err != nil {
+	if n := jsonElements(body); n*jsonElementCost > 2*len(body)+genericSlack {
+		return badField(http.StatusBadRequest, "body", "%d JSON values in %d bytes: more than a body of this size may hold", n, len(body))
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) && se.Offset > 0 && se.Offset <= int64(len(body)) && json.Valid(body[:se.Offset-1]) {
+			return badField(http.StatusBadRequest, "body", "trailing data after the JSON object")
+		}
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
 			return badField(http.StatusBadRequest, te.Field, "must be %s, not JSON %s", te.Type, te.Value)
 		}
 		return badField(http.StatusBadRequest, "body", "malformed JSON: %v", err)
 	}
-	if dec.More() {
-		return badField(http.StatusBadRequest, "body", "trailing data after the JSON object")
-	}
 	return nil
+}
+
+// jsonElementCost is what one JSON value may cost decoded (a string header
+// and its bytes, a map entry, a slice element, an interface value).
+const jsonElementCost = 64
+
+// jsonElements counts the values of a JSON text, near enough: one per
+// container and one per comma outside strings. It reads the bytes once
+// and allocates nothing.
+func jsonElements(b []byte) int {
+	n := 0
+	inStr, esc := false, false
+	for _, c := range b {
+		switch {
+		case esc:
+			esc = false
+		case inStr:
+			switch c {
+			case '\\':
+				esc = true
+			case '"':
+				inStr = false
+			}
+		case c == '"':
+			inStr = true
+		case c == ',', c == '[', c == '{':
+			n++
+		}
+	}
+	return n
 }
 
 // isJSON decides how to read a body that may be JSON or msgpack: by its
@@ -185,39 +304,47 @@ func isJSON(contentType string, body []byte) bool {
 	return len(t) > 0 && t[0] == '{'
 }
 
-// --- generic-map checks ---
+// --- field checks over the raw bytes ---
 
-// lookup finds a dotted path in a generic map. present is false when any key
-// on the way is absent; a non-map on the way is reported through err.
-func lookup(m map[string]any, path string) (v any, present bool, err error) {
-	cur := any(m)
+// lookup finds a dotted path in a scanned map. present is false when any
+// key on the way is absent or a parent on the way is nil (error: nil on a
+// successful ack has no fields); a non-map on the way, or a key given
+// twice, is reported through err: the decoder would decode every copy of
+// a repeated key, the checks see one (serde refuses repeats too).
+func lookup(m messages.Value, path string) (v messages.Value, present bool, err error) {
+	cur := m
 	walked := ""
-	for _, k := range strings.Split(path, ".") {
-		if cur == nil {
-			// A nil parent (error: nil on a successful ack) has no fields.
+	for k := range strings.SplitSeq(path, ".") {
+		if cur.IsNil() {
 			return nil, false, nil
 		}
-		mm, ok := cur.(map[string]any)
-		if !ok {
+		if cur.Type() != messages.TypeMap {
 			return nil, false, badField(http.StatusUnprocessableEntity, walked, "must be a map")
 		}
 		if walked != "" {
 			walked += "."
 		}
 		walked += k
-		cur, ok = mm[k]
-		if !ok {
+		next, n := cur.Get(k)
+		switch {
+		case n == 0:
 			return nil, false, nil
+		case n > 1:
+			return nil, false, badField(http.StatusUnprocessableEntity, walked, "given %d times", n)
 		}
+		cur = next
 	}
 	return cur, true, nil
 }
 
-// check describes one field of a generic body.
+// check describes one field of a body.
 type check struct {
 	path     string
 	required bool // the key must be present and not nil
 	kind     string
+	// elemCost is what one element of a list decodes to in Go (bytes), for
+	// kStrings (default stringCost) and kMapsList (required).
+	elemCost int
 }
 
 // Kinds a check can demand.
@@ -236,13 +363,31 @@ const (
 	kStrOrUint = "string or non-negative integer"
 )
 
-func runChecks(m map[string]any, checks []check) error {
+// Decoded sizes the list bounds count with.
+const (
+	// stringCost is a string in a []string: its header and the smallest
+	// allocation of its bytes.
+	stringCost = 32
+	// listSlack lets a short list of tiny elements through: what a list
+	// may cost beyond its own size.
+	listSlack = 16 << 10
+	// genericSlack is the same for a piece decoded into interface values,
+	// and for a JSON body.
+	genericSlack = 64 << 10
+	// genericValueCost and genericContainerCost are what a value decoded
+	// into an interface costs, and what a map or slice adds (a Go map's
+	// first group of slots is a few hundred bytes).
+	genericValueCost     = 32
+	genericContainerCost = 320
+)
+
+func runChecks(m messages.Value, checks []check) error {
 	for _, c := range checks {
 		v, present, err := lookup(m, c.path)
 		if err != nil {
 			return err
 		}
-		if !present || v == nil {
+		if !present || v.IsNil() {
 			if c.required {
 				return badField(http.StatusUnprocessableEntity, c.path, "missing")
 			}
@@ -251,129 +396,97 @@ func runChecks(m map[string]any, checks []check) error {
 		if !fits(v, c.kind) {
 			return badField(http.StatusUnprocessableEntity, c.path, "must be a %s", c.kind)
 		}
+		if err := listBounded(v, c); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-func fits(v any, kind string) bool {
+// listBounded refuses a list whose typed decode would cost more than its
+// own bytes (plus listSlack): a list of a million one-byte elements decodes
+// to a million string headers or structs.
+func listBounded(v messages.Value, c check) error {
+	per := c.elemCost
+	switch {
+	case c.kind == kStrings && per == 0:
+		per = stringCost
+	case c.kind != kStrings && c.kind != kMapsList:
+		return nil
+	}
+	if n := v.Len(); n*per > len(v)+listSlack {
+		return badField(http.StatusUnprocessableEntity, c.path, "%d elements in %d bytes: more than a list of this size may hold", n, len(v))
+	}
+	return nil
+}
+
+// genericBounded refuses a piece whose decode into interface values would
+// cost more than twice its size (plus genericSlack); it runs before the
+// few pieces that are decoded that way.
+func genericBounded(field string, v messages.Value) error {
+	values, containers := v.Census()
+	if values*genericValueCost+containers*genericContainerCost > len(v)+genericSlack {
+		return badField(http.StatusUnprocessableEntity, field, "%d values in %d bytes: more than a field of this size may hold", values, len(v))
+	}
+	return nil
+}
+
+func fits(v messages.Value, kind string) bool {
 	switch kind {
 	case kString:
-		_, ok := v.(string)
-		return ok
+		return v.Type() == messages.TypeStr
 	case kNonEmpty:
-		s, ok := v.(string)
-		return ok && s != ""
+		return v.Type() == messages.TypeStr && v.Len() > 0
 	case kStrings:
-		l, ok := v.([]any)
-		if !ok {
-			return false
-		}
-		for _, e := range l {
-			if _, ok := e.(string); !ok {
-				return false
-			}
-		}
-		return true
+		return allElems(v, func(e messages.Value) bool { return e.Type() == messages.TypeStr })
 	case kMapsList:
-		l, ok := v.([]any)
-		if !ok {
-			return false
-		}
-		for _, e := range l {
-			if _, ok := e.(map[string]any); !ok {
-				return false
-			}
-		}
-		return true
+		return allElems(v, func(e messages.Value) bool { return e.Type() == messages.TypeMap })
 	case kMap:
-		_, ok := v.(map[string]any)
-		return ok
+		return v.Type() == messages.TypeMap
 	case kNumber:
-		f, ok := asFloat(v)
+		f, ok := v.Float()
 		return ok && !math.IsNaN(f) && !math.IsInf(f, 0)
 	case kUint32:
-		n, ok := asInt(v)
+		n, ok := v.Int()
 		return ok && n >= 0 && n <= math.MaxUint32
 	case kUint64:
-		n, ok := asInt(v)
+		n, ok := v.Int()
 		return ok && n >= 0
 	case kInt32:
-		n, ok := asInt(v)
+		n, ok := v.Int()
 		return ok && n >= math.MinInt32 && n <= math.MaxInt32
 	case kStrOrUint:
-		if _, ok := v.(string); ok {
+		if v.Type() == messages.TypeStr {
 			return true
 		}
-		n, ok := asInt(v)
+		n, ok := v.Int()
 		return ok && n >= 0
 	case kBool:
-		_, ok := v.(bool)
+		_, ok := v.Bool()
 		return ok
 	case kBytes:
-		switch b := v.(type) {
-		case []byte, string:
-			return true
-		case []any:
-			for _, e := range b {
-				n, ok := asInt(e)
-				if !ok || n < 0 || n > 255 {
-					return false
-				}
-			}
+		if _, ok := v.Bin(); ok {
 			return true
 		}
-		return false
+		return allElems(v, func(e messages.Value) bool {
+			n, ok := e.Int()
+			return ok && n >= 0 && n <= 255
+		})
 	}
 	return false
 }
 
-// asInt reads any msgpack integer; a uint64 above MaxInt64 does not fit.
-func asInt(v any) (int64, bool) {
-	switch n := v.(type) {
-	case int8:
-		return int64(n), true
-	case int16:
-		return int64(n), true
-	case int32:
-		return int64(n), true
-	case int64:
-		return n, true
-	case int:
-		return int64(n), true
-	case uint8:
-		return int64(n), true
-	case uint16:
-		return int64(n), true
-	case uint32:
-		return int64(n), true
-	case uint64:
-		if n > math.MaxInt64 {
-			return 0, false
+// allElems reports whether v is an array whose every element passes ok.
+func allElems(v messages.Value, ok func(messages.Value) bool) bool {
+	if v.Type() != messages.TypeArray {
+		return false
+	}
+	for e := range v.Elems() {
+		if !ok(e) {
+			return false
 		}
-		return int64(n), true
-	case uint:
-		if uint64(n) > math.MaxInt64 {
-			return 0, false
-		}
-		return int64(n), true
 	}
-	return 0, false
-}
-
-func asFloat(v any) (float64, bool) {
-	switch f := v.(type) {
-	case float32:
-		return float64(f), true
-	case float64:
-		return f, true
-	}
-	if n, ok := asInt(v); ok {
-		return float64(n), true
-	}
-	if n, ok := v.(uint64); ok {
-		return float64(n), true
-	}
-	return 0, false
+	return true
 }
 
 // jsonSafe turns a generic msgpack value into something encoding/json can

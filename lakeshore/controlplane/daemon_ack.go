@@ -30,15 +30,7 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, _ daemonPrinc
 		writeDaemonError(w, err)
 		return
 	}
-	var ack messages.Ack
-	err = decodeChecked(body, ackChecks, &ack)
-	if err == nil {
-		switch ack.State {
-		case messages.StateSucceeded, messages.StateFailed, messages.StateKilled:
-		default:
-			err = badField(http.StatusUnprocessableEntity, "state", "must be succeeded, failed or killed")
-		}
-	}
+	ack, err := decodeAck(body)
 	if err != nil {
 		s.log.Info().Err(err).Msg("ack refused as malformed")
 		writeDaemonError(w, err)
@@ -79,6 +71,18 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, _ daemonPrinc
 	writeMsgpack(w, http.StatusOK, map[string]any{"ok": true, "duplicate": !applied})
 }
 
+func decodeAck(body []byte) (messages.Ack, error) {
+	var ack messages.Ack
+	if err := decodeChecked(body, ackChecks, &ack); err != nil {
+		return ack, err
+	}
+	switch ack.State {
+	case messages.StateSucceeded, messages.StateFailed, messages.StateKilled:
+		return ack, nil
+	}
+	return ack, badField(http.StatusUnprocessableEntity, "state", "must be succeeded, failed or killed")
+}
+
 var resultChunkChecks = []check{
 	{path: "invocation_id", required: true, kind: kNonEmpty},
 	{path: "seq", kind: kUint64},
@@ -86,15 +90,19 @@ var resultChunkChecks = []check{
 	{path: "last", kind: kBool},
 }
 
+func decodeResultChunk(body []byte) (messages.ResultChunk, error) {
+	var c messages.ResultChunk
+	return c, decodeChecked(body, resultChunkChecks, &c)
+}
+
 // handleResultChunk stores one piece of a streamed invocation result.
 func (s *Server) handleResultChunk(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
-	body, err := readBody(w, r, limitChunk)
+	body, err := readBody(w, r, limitResultChunk)
 	if err != nil {
 		writeDaemonError(w, err)
 		return
 	}
-	var c messages.ResultChunk
-	err = decodeChecked(body, resultChunkChecks, &c)
+	c, err := decodeResultChunk(body)
 	if err != nil {
 		s.log.Info().Err(err).Msg("result chunk refused as malformed")
 		writeDaemonError(w, err)

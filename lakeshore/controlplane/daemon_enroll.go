@@ -101,7 +101,7 @@ func (s *Server) helloAuth(next daemonHandler) http.HandlerFunc {
 		tok, _ := bearer(r)
 		enrollTok := strings.HasPrefix(tok, enrollTokenPrefix)
 		signed := hasSignature(r)
-		body, err := readBody(w, r, limitSmall)
+		body, err := readBody(w, r, limitHello)
 		if err != nil {
 			writeDaemonError(w, err)
 			return
@@ -178,8 +178,8 @@ func (s *Server) helloAuth(next daemonHandler) http.HandlerFunc {
 
 // parseHello runs the same validation handleHello does.
 func parseHello(body []byte) (messages.HelloRequest, error) {
-	var req messages.HelloRequest
-	return req, decodeChecked(body, helloChecks, &req)
+	req, _, err := decodeHello(body)
+	return req, err
 }
 
 // helloVerdict writes a refusal, or a 503 when deciding failed.

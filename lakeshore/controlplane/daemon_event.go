@@ -68,7 +68,7 @@ func logKey(invocationID string) string { return "l:" + invocationID }
 // handleEvent stores an event of an invocation, or the outcome of a setup
 // or an update.
 func (s *Server) handleEvent(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
-	body, err := readBody(w, r, limitChunk)
+	body, err := readBody(w, r, limitEvent)
 	if err != nil {
 		writeDaemonError(w, err)
 		return
@@ -119,50 +119,48 @@ func (s *Server) handleEvent(w http.ResponseWriter, r *http.Request, p daemonPri
 // carries.
 func decodeEvent(body []byte) (messages.Event, *int64, int64, error) {
 	var ev messages.Event
-	raw, err := decodeMsgpackMap(body)
+	m, err := scanMap(body)
 	if err == nil {
-		err = runChecks(raw, eventChecks)
+		err = runChecks(m, eventChecks)
 	}
 	if err != nil {
 		return ev, nil, 0, err
 	}
-	kind, _ := raw["kind"].(string)
+	kind := strField(m, "kind")
 	var (
 		seq  *int64
 		size int64
 	)
 	switch kind {
 	case messages.EventInvocationLog:
-		if err := runChecks(raw, logDataChecks); err != nil {
+		if err := runChecks(m, logDataChecks); err != nil {
 			return ev, nil, 0, err
 		}
-		d := raw["data"].(map[string]any)
-		if st := d["stream"]; st != messages.StreamStdout && st != messages.StreamStderr {
+		d, _ := m.Get("data")
+		if st := strField(d, "stream"); st != messages.StreamStdout && st != messages.StreamStderr {
 			return ev, nil, 0, badField(http.StatusUnprocessableEntity, "data.stream", "must be stdout or stderr")
 		}
-		n, _ := asInt(d["seq"])
+		sv, _ := d.Get("seq")
+		n, _ := sv.Int()
 		seq = &n
-		switch b := d["data"].(type) {
-		case []byte:
-			size = int64(len(b))
-		case string:
-			size = int64(len(b))
-		case []any:
-			size = int64(len(b))
-		}
+		// The bytes of a bin or str, the elements of an array of bytes.
+		data, _ := d.Get("data")
+		size = int64(data.Len())
 	case messages.EventSetupFinished:
-		if err := runChecks(raw, setupOutcomeChecks); err != nil {
+		if err := runChecks(m, setupOutcomeChecks); err != nil {
 			return ev, nil, 0, err
 		}
-		if st := raw["data"].(map[string]any)["state"]; st != messages.StateSucceeded && st != messages.StateFailed {
+		d, _ := m.Get("data")
+		if st := strField(d, "state"); st != messages.StateSucceeded && st != messages.StateFailed {
 			return ev, nil, 0, badField(http.StatusUnprocessableEntity, "data.state", "must be succeeded or failed")
 		}
 		seq = new(int64)
 	case messages.EventOtaFinished:
-		if err := runChecks(raw, otaOutcomeChecks); err != nil {
+		if err := runChecks(m, otaOutcomeChecks); err != nil {
 			return ev, nil, 0, err
 		}
-		switch raw["data"].(map[string]any)["outcome"] {
+		d, _ := m.Get("data")
+		switch strField(d, "outcome") {
 		case messages.OtaInstalled, messages.OtaAlreadyRunning, messages.OtaRefused:
 		default:
 			return ev, nil, 0, badField(http.StatusUnprocessableEntity, "data.outcome", "must be installed, already_running or refused")
@@ -180,6 +178,13 @@ func decodeEvent(body []byte) (messages.Event, *int64, int64, error) {
 		ev.Data = []byte{0xc0}
 	}
 	return ev, seq, size, nil
+}
+
+// strField is the string at key of a checked map, "" when it is not one.
+func strField(m messages.Value, key string) string {
+	v, _ := m.Get(key)
+	s, _ := v.Str()
+	return string(s)
 }
 
 // eventWorker is the worker posting ev.

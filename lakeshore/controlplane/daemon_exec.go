@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"strings"
 
 	"nymph/messages"
 )
@@ -31,12 +32,22 @@ func (s *Server) handleExecResult(w http.ResponseWriter, r *http.Request) {
 			writeDaemonError(w, err)
 		}
 	}
-	body, err := readBody(w, r, limitResult)
+	// A body the headers call msgpack gets the msgpack cap; one they call
+	// JSON, or nothing, gets JSON's until it reads as msgpack.
+	limit := int64(limitExecResultJSON)
+	if ct := r.Header.Get("Content-Type"); !isJSON(ct, nil) && strings.Contains(ct, "msgpack") {
+		limit = limitExecResult
+	}
+	body, err := readBody(w, r, limit)
 	if err != nil {
 		fail(err)
 		return
 	}
 	asJSON = isJSON(r.Header.Get("Content-Type"), body)
+	if !asJSON && len(body) > limitExecResult {
+		fail(badField(http.StatusRequestEntityTooLarge, "body", "larger than %d bytes", limitExecResult))
+		return
+	}
 	if !validPathID(id) {
 		fail(errUnknownExec)
 		return
@@ -83,23 +94,28 @@ var errUnknownExec = badField(http.StatusNotFound, "exec_id", "unknown exec")
 func decodeExecResult(body []byte, asJSON bool) (messages.ExecResult, error) {
 	var res messages.ExecResult
 	if !asJSON {
-		raw, err := decodeMsgpackMap(body)
+		m, err := scanMap(body)
 		if err != nil {
 			return res, err
 		}
-		if err := runChecks(raw, execResultChecks); err != nil {
+		if err := runChecks(m, execResultChecks); err != nil {
 			return res, err
 		}
 		if err := decodeTyped(body, &res); err != nil {
 			return res, err
 		}
-		return res, checkExitCode(raw["exit_code"])
+		code, _ := m.Get("exit_code")
+		return res, checkExitCode(code)
 	}
-	var raw map[string]json.RawMessage
-	if err := decodeJSON(body, &raw); err != nil {
+	// Only exit_code is kept apart, to tell it missing from zero; the
+	// decoder steps over every other key without allocating.
+	var probe struct {
+		ExitCode json.RawMessage `json:"exit_code"`
+	}
+	if err := decodeJSON(body, &probe); err != nil {
 		return res, err
 	}
-	if v, ok := raw["exit_code"]; !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+	if v := bytes.TrimSpace(probe.ExitCode); len(v) == 0 || bytes.Equal(v, []byte("null")) {
 		return res, badField(http.StatusUnprocessableEntity, "exit_code", "missing")
 	}
 	if err := decodeJSON(body, &res); err != nil {
@@ -109,8 +125,8 @@ func decodeExecResult(body []byte, asJSON bool) (messages.ExecResult, error) {
 }
 
 // checkExitCode refuses an exit code the typed decoder would silently wrap.
-func checkExitCode(v any) error {
-	n, ok := asInt(v)
+func checkExitCode(v messages.Value) error {
+	n, ok := v.Int()
 	if !ok || n < -1<<31 || n > 1<<31-1 {
 		return badField(http.StatusUnprocessableEntity, "exit_code", "must be a 32-bit integer")
 	}
@@ -119,7 +135,7 @@ func checkExitCode(v any) error {
 
 func (s *Server) handleExecChunk(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("exec_id")
-	body, err := readBody(w, r, limitChunk)
+	body, err := readBody(w, r, limitExecChunk)
 	if err != nil {
 		writeDaemonError(w, err)
 		return

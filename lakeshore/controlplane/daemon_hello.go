@@ -34,22 +34,12 @@ var helloChecks = []check{
 const maxIncarnation = 128
 
 func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
-	body, err := readBody(w, r, limitSmall)
+	body, err := readBody(w, r, limitHello)
 	if err != nil {
 		writeDaemonError(w, err)
 		return
 	}
-	raw, err := decodeMsgpackMap(body)
-	if err == nil {
-		err = runChecks(raw, helloChecks)
-	}
-	var req messages.HelloRequest
-	if err == nil {
-		err = decodeTyped(body, &req)
-	}
-	if err == nil && len(req.Incarnation) > maxIncarnation {
-		err = badField(http.StatusUnprocessableEntity, "incarnation", "longer than %d bytes", maxIncarnation)
-	}
+	req, versions, err := decodeHello(body)
 	if err != nil {
 		s.log.Info().Err(err).Msg("hello refused as malformed")
 		writeDaemonError(w, err)
@@ -67,10 +57,6 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 			ServerTimeEpochS: &epoch,
 		})
 		return
-	}
-	versions, err := json.Marshal(jsonSafe(raw["versions"]))
-	if err != nil {
-		versions = []byte("{}")
 	}
 	wk, created, keyID, rej, err := s.storeHello(r.Context(), store.Hello{
 		NewID:     newWorkerID(now),
@@ -118,6 +104,47 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		KeyID:              keyID,
 		KeyRotationMaxAgeS: s.keyRotationMaxAgeS(),
 	})
+}
+
+// decodeHello checks and decodes a hello body, and renders its versions
+// as the JSON the worker row keeps.
+func decodeHello(body []byte) (messages.HelloRequest, []byte, error) {
+	var req messages.HelloRequest
+	m, err := scanMap(body)
+	if err == nil {
+		err = runChecks(m, helloChecks)
+	}
+	// The probes are free-form (whatever a daemon found), so the versions
+	// map is decoded into interface values, and its lists (gpu) into
+	// structs: its cost is bounded before either decode.
+	v, _ := m.Get("versions")
+	if err == nil {
+		err = genericBounded("versions", v)
+	}
+	if err == nil {
+		err = decodeTyped(body, &req)
+	}
+	if err == nil && len(req.Incarnation) > maxIncarnation {
+		err = badField(http.StatusUnprocessableEntity, "incarnation", "longer than %d bytes", maxIncarnation)
+	}
+	if err != nil {
+		return req, nil, err
+	}
+	versions, err := versionsJSON(v)
+	return req, versions, err
+}
+
+// versionsJSON renders a bounded versions map as JSON.
+func versionsJSON(v messages.Value) ([]byte, error) {
+	var m map[string]any
+	if err := messages.Unmarshal(v, &m); err != nil {
+		return nil, badField(http.StatusUnprocessableEntity, "versions", "not a map with string keys: %v", err)
+	}
+	b, err := json.Marshal(jsonSafe(m))
+	if err != nil {
+		return []byte("{}"), nil
+	}
+	return b, nil
 }
 
 // errUnknownWorker is the 404 of daemon routes naming a worker that is not

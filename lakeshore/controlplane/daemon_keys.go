@@ -28,7 +28,7 @@ var keysChecks = []check{
 // answered with the same acceptance as long as the new key is still
 // current; it changes nothing.
 func (s *Server) handleKeys(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(w, r, limitSmall)
+	body, err := readBody(w, r, limitKeys)
 	if err != nil {
 		writeDaemonError(w, err)
 		return

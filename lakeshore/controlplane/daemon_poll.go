@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"nymph/lakeshore/store"
 	"nymph/messages"
@@ -15,12 +16,16 @@ var pollChecks = []check{
 	{path: "queue", kind: kString},
 	{path: "timeout_s", kind: kNumber},
 	{path: "cursor", kind: kStrOrUint},
-	{path: "invocations", kind: kMapsList},
+	{path: "invocations", kind: kMapsList, elemCost: invocationStatusCost},
 	{path: "updated_capabilities", kind: kMap},
 	{path: "updated_capabilities.runners", kind: kStrings},
 	{path: "updated_capabilities.max_invocations", kind: kUint32},
 	{path: "updated_capabilities.workdir", kind: kString},
 }
+
+// invocationStatusCost is what one element of invocations decodes to: the
+// struct and the smallest allocations of its strings.
+const invocationStatusCost = int(unsafe.Sizeof(messages.InvocationStatus{})) + 3*16
 
 var invocationChecks = []check{
 	{path: "invocation_id", kind: kString},
@@ -134,45 +139,54 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 }
 
 func (s *Server) decodePoll(w http.ResponseWriter, r *http.Request) (messages.PollRequest, *int64, error) {
+	body, err := readBody(w, r, limitPoll)
+	if err != nil {
+		return messages.PollRequest{}, nil, err
+	}
+	return decodePollBody(body)
+}
+
+// decodePollBody checks and decodes a poll body, and returns its cursor.
+func decodePollBody(body []byte) (messages.PollRequest, *int64, error) {
 	var req messages.PollRequest
-	body, err := readBody(w, r, limitSmall)
+	m, err := scanMap(body)
 	if err != nil {
 		return req, nil, err
 	}
-	raw, err := decodeMsgpackMap(body)
-	if err != nil {
+	if err := runChecks(m, pollChecks); err != nil {
 		return req, nil, err
 	}
-	if err := runChecks(raw, pollChecks); err != nil {
-		return req, nil, err
-	}
-	if invs, ok := raw["invocations"].([]any); ok {
-		for i, inv := range invs {
-			if err := runChecks(inv.(map[string]any), invocationChecks); err != nil {
-				fe := err.(*fieldError)
-				fe.field = "invocations[" + strconv.Itoa(i) + "]." + fe.field
-				return req, nil, fe
-			}
+	invs, _ := m.Get("invocations")
+	i := 0
+	for inv := range invs.Elems() {
+		if err := runChecks(inv, invocationChecks); err != nil {
+			fe := err.(*fieldError)
+			fe.field = "invocations[" + strconv.Itoa(i) + "]." + fe.field
+			return req, nil, fe
 		}
+		i++
 	}
 	// The cursor is decoded here, not by the typed decoder, because a daemon
 	// may send it as a string (what this server hands out) or an integer.
 	var cursor *int64
-	switch c := raw["cursor"].(type) {
-	case nil:
-	case string:
-		n, err := strconv.ParseInt(c, 10, 64)
+	c, _ := m.Get("cursor")
+	switch {
+	case len(c) == 0 || c.IsNil():
+	case c.Type() == messages.TypeStr:
+		s, _ := c.Str()
+		n, err := strconv.ParseInt(string(s), 10, 64)
 		if err != nil || n < 0 {
 			return req, nil, badField(http.StatusUnprocessableEntity, "cursor", "must be a cursor this server handed out")
 		}
 		cursor = &n
 	default:
-		n, _ := asInt(c)
+		n, _ := c.Int()
 		cursor = &n
-		delete(raw, "cursor")
-		if body, err = messages.Marshal(raw); err != nil {
-			return req, nil, badField(http.StatusUnprocessableEntity, "body", "%v", err)
-		}
+		// The typed decoder wants a string there: the integer becomes a
+		// nil in a copy of the body. c is a slice of body, so the
+		// difference of their capacities is where it starts.
+		off := cap(body) - cap(c)
+		body = append(append(append(make([]byte, 0, len(body)), body[:off]...), 0xc0), body[off+len(c):]...)
 	}
 	if err := decodeTyped(body, &req); err != nil {
 		return req, nil, err

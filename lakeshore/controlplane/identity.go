@@ -150,14 +150,14 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, reason string, e
 }
 
 // bodyWorkerID returns the worker_id of a msgpack map body, "" when there
-// is none (or the body is not a map; the route reports that itself).
+// is none (or the body is not a map; the route reports that itself). It
+// reads the bytes in place.
 func bodyWorkerID(body []byte) string {
-	var m map[string]any
-	if messages.Unmarshal(body, &m) != nil {
+	m, err := messages.ScanValue(body)
+	if err != nil {
 		return ""
 	}
-	id, _ := m["worker_id"].(string)
-	return id
+	return strField(m, "worker_id")
 }
 
 // signedAuth guards /v1/daemon/poll, /ack and /event.

@@ -45,7 +45,8 @@ func FuzzSignedDaemonRoutes(f *testing.F) {
 	f.Fuzz(func(t *testing.T, route uint8, bearer, kid, ts, nonce, sig, pub string, body []byte) {
 		path := paths[int(route)%len(paths)]
 		if path == "/v1/daemon/hello" && pub != "" {
-			if m, err := decodeMsgpackMap(body); err == nil {
+			var m map[string]any
+			if messages.Unmarshal(body, &m) == nil && m != nil {
 				m["public_key"] = pub
 				if b, err := messages.Marshal(m); err == nil {
 					body = b

@@ -140,7 +140,8 @@ func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	s.queueCommand(w, r, messages.KindResetBackoff, func(body []byte, _ store.Worker) (any, *time.Time, error) {
-		var ignored map[string]any
+		// Any object will do; a struct takes none of its keys.
+		var ignored struct{}
 		return nil, nil, decodeJSON(body, &ignored)
 	})
 }

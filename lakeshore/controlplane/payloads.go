@@ -37,8 +37,9 @@ var payloadKeyRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustComp
 const (
 	metaSuffix    = ".meta.json"
 	payloadPrefix = "/v1/payloads/"
-	// limitPresign bounds the presign body; it carries a few short fields.
-	limitPresign = 64 << 10
+	// limitPresign bounds the presign body; it carries a few short fields
+	// (a key is 200 bytes at most).
+	limitPresign = 16 << 10
 )
 
 var errNoPayloadStore = badField(http.StatusServiceUnavailable, "payloads", "this control plane has no data directory, so no payload store")
@@ -246,8 +247,8 @@ func (s *Server) presignJSON(w http.ResponseWriter, r *http.Request) (*messages.
 	if err != nil {
 		return nil, err
 	}
-	var req messages.PresignRequest
-	if err := decodeJSON(body, &req); err != nil {
+	req, err := decodePresign(body, true)
+	if err != nil {
 		return nil, err
 	}
 	return s.presign(r, ns, req)
@@ -265,11 +266,21 @@ func (s *Server) presignMsgpack(w http.ResponseWriter, r *http.Request, p daemon
 	if err != nil {
 		return nil, err
 	}
-	var req messages.PresignRequest
-	if err := decodeChecked(body, presignChecks, &req); err != nil {
+	req, err := decodePresign(body, false)
+	if err != nil {
 		return nil, err
 	}
 	return s.presign(r, ns, req)
+}
+
+// decodePresign decodes a presign body, an operator's JSON or a daemon's
+// msgpack.
+func decodePresign(body []byte, asJSON bool) (messages.PresignRequest, error) {
+	var req messages.PresignRequest
+	if asJSON {
+		return req, decodeJSON(body, &req)
+	}
+	return req, decodeChecked(body, presignChecks, &req)
 }
 
 // presign answers one presign request in namespace ns.

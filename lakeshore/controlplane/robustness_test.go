@@ -142,7 +142,7 @@ func TestHostileSizes(t *testing.T) {
 			}
 		}
 	}
-	big := bytes.Repeat([]byte("x"), limitSmall+1)
+	big := bytes.Repeat([]byte("x"), limitHello+1)
 	if r := e.do(http.MethodPost, "/v1/daemon/hello", messages.ContentType, testDaemon, big); r.status != http.StatusRequestEntityTooLarge {
 		t.Fatalf("oversized hello: %d", r.status)
 	}

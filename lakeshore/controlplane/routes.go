@@ -18,9 +18,9 @@ func (s *Server) routes() *http.ServeMux {
 	}{
 		// Daemon routes, msgpack (the protocol spec).
 		{"POST /v1/daemon/hello", s.helloAuth(s.handleHello)},
-		{"POST /v1/daemon/poll", s.signedAuth(limitSmall, s.handlePoll)},
+		{"POST /v1/daemon/poll", s.signedAuth(limitPoll, s.handlePoll)},
 		{"POST /v1/daemon/ack", s.signedAuth(limitAck, s.handleAck)},
-		{"POST /v1/daemon/event", s.signedAuth(limitChunk, s.handleEvent)},
+		{"POST /v1/daemon/event", s.signedAuth(limitEvent, s.handleEvent)},
 		// Signed by the key being replaced; handleKeys verifies it.
 		{"POST /v1/daemon/keys", s.handleKeys},
 		{"POST /v1/daemon/result-chunk", s.daemonAuth(s.handleResultChunk)},
