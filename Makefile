@@ -19,7 +19,7 @@ PKGS         ?= ./...
 TEST_TIMEOUT ?= 12m
 TEST_FLAGS   ?= -race -count=1 -timeout $(TEST_TIMEOUT)
 
-.PHONY: all build test vet bench chaos run clean
+.PHONY: all build test vet fuzz bench chaos run clean
 
 all: build
 
@@ -33,8 +33,17 @@ build:
 vet:
 	$(GO) vet $(PKGS)
 
+# make test ends with the fuzz step: every Fuzz* target of the module for
+# FUZZTIME each (scripts/fuzz.sh); a crash fails it with the input saved.
 test: vet
 	$(GO) test $(TEST_FLAGS) $(PKGS)
+	GO="$(GO)" FUZZTIME="$(FUZZTIME)" scripts/fuzz.sh
+
+# Every fuzz target, FUZZTIME each (make fuzz FUZZTIME=1m for a longer hunt).
+FUZZTIME ?= 4s
+
+fuzz:
+	GO="$(GO)" FUZZTIME="$(FUZZTIME)" scripts/fuzz.sh
 
 bench:
 	@if [ -x test/bench/run.sh ]; then \
