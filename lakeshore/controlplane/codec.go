@@ -80,6 +80,13 @@ func badField(status int, field, format string, args ...any) *fieldError {
 // body.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	tooLarge := badField(http.StatusRequestEntityTooLarge, "body", "larger than %d bytes", limit)
+	if kb, ok := r.Body.(*keptBody); ok {
+		// Read before (a guard hashed it): handed on, not copied.
+		if int64(len(kb.b)) > limit {
+			return nil, tooLarge
+		}
+		return kb.b, nil
+	}
 	if r.ContentLength > limit {
 		return nil, tooLarge
 	}
@@ -100,6 +107,20 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 		return nil, badField(http.StatusBadRequest, "body", "could not be read: %v", err)
 	}
 	return b, nil
+}
+
+// keptBody is a body already read, put back for the handler: readBody
+// returns its bytes as they are, other readers read them.
+type keptBody struct {
+	*bytes.Reader
+	b []byte
+}
+
+func (*keptBody) Close() error { return nil }
+
+// keepBody puts a body read by a guard back on r for the handler.
+func keepBody(r *http.Request, body []byte) {
+	r.Body = &keptBody{Reader: bytes.NewReader(body), b: body}
 }
 
 // --- daemon side: msgpack ---

@@ -1,7 +1,6 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"errors"
@@ -106,7 +105,7 @@ func (s *Server) helloAuth(next daemonHandler) http.HandlerFunc {
 			writeDaemonError(w, err)
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		keepBody(r, body)
 		req, verr := parseHello(body)
 		if verr != nil && !signed && !enrollTok {
 			legacy(w, r) // 401 before 422, as on every bearer route
@@ -213,7 +212,7 @@ func (s *Server) legacyHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		writeDaemonError(w, badField(http.StatusBadRequest, "body", "could not be read: %v", err))
 		return
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	keepBody(r, body)
 	req, verr := parseHello(body)
 	if verr != nil {
 		next(w, r, p) // the route answers 422 naming the field

@@ -1,7 +1,6 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"errors"
@@ -188,7 +187,7 @@ func (s *Server) signedAuth(limit int64, next daemonHandler) http.HandlerFunc {
 				return
 			}
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		keepBody(r, body)
 		next(w, r, p)
 	})
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -219,7 +218,7 @@ func (s *Server) signedAuth(limit int64, next daemonHandler) http.HandlerFunc {
 			s.refuse(w, r, "worker_id_not_the_keys_worker", fmt.Errorf("worker_id %q, key %s belongs to %s", wid, key.ID, key.WorkerID))
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		keepBody(r, body)
 		s.rotateIfOld(r, key)
 		next(w, r, daemonPrincipal{namespace: key.Namespace, workerID: key.WorkerID})
 	}
