@@ -241,8 +241,13 @@ func decodeBody(body []byte, v any) error {
 
 // badField finds the first field of the struct v points to whose value in
 // the map body does not decode, so a refusal names the field at fault
-// rather than only the msgpack code it tripped on.
+// rather than only the msgpack code it tripped on. A body Scan refuses is
+// left alone: its refusal says what is wrong, and decoding it here would
+// size allocations by the lengths Scan refused.
 func badField(body []byte, v any) (string, error) {
+	if _, err := Scan(body); err != nil {
+		return "", nil
+	}
 	var raw map[string]msgpack.RawMessage
 	if msgpack.Unmarshal(body, &raw) != nil {
 		return "", nil
