@@ -19,9 +19,9 @@ import (
 // send on it, plus slack for the envelope; the operator routes keep theirs.
 const (
 	limitSmall = 1 << 20 // operator JSON requests
-	// limitResult bounds an operator's exec, setup and other command
+	// limitCommand bounds an operator's exec, setup and other command
 	// requests (a script, an exec's stdin).
-	limitResult = 32 << 20
+	limitCommand = 32 << 20
 	// An exec result carries at most messages.OutputCap of stdout and of
 	// stderr, and an inline result (null today) under the inline
 	// threshold, as bin or, from serde without serde_bytes, an array of

@@ -5,7 +5,6 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 
@@ -207,9 +206,9 @@ func (s *Server) writeHelloReject(w http.ResponseWriter, rej *messages.Reject) {
 // legacyHello is the bearer-authenticated hello without public_key or
 // signature.
 func (s *Server) legacyHello(w http.ResponseWriter, r *http.Request, p daemonPrincipal, next daemonHandler) {
-	body, err := io.ReadAll(r.Body)
+	body, err := readBody(w, r, limitHello)
 	if err != nil {
-		writeDaemonError(w, badField(http.StatusBadRequest, "body", "could not be read: %v", err))
+		writeDaemonError(w, err)
 		return
 	}
 	keepBody(r, body)

@@ -79,7 +79,7 @@ func (s *Server) queueCommand(w http.ResponseWriter, r *http.Request, kind strin
 		writeOperatorError(w, err)
 		return
 	}
-	body, err := readBody(w, r, limitResult)
+	body, err := readBody(w, r, limitCommand)
 	if err != nil {
 		writeOperatorError(w, err)
 		return

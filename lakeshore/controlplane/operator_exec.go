@@ -152,7 +152,7 @@ type workerPicker func(skip map[string]bool) (store.Worker, error)
 
 func readExecRequest(w http.ResponseWriter, r *http.Request) (operatorapi.ExecRequest, error) {
 	var req operatorapi.ExecRequest
-	body, err := readBody(w, r, limitResult)
+	body, err := readBody(w, r, limitCommand)
 	if err != nil {
 		return req, err
 	}
