@@ -6,7 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -88,20 +88,15 @@ func (l Limits) withDefaults() (Limits, error) {
 	return l, nil
 }
 
-// errBodyTooSlow is what reading a body returns once its deadline has
-// passed; the body is then cut, and the answer is 408.
-var errBodyTooSlow = errors.New("request body too slow")
-
-// slowBodyError says which bound cut a body.
+// slowBodyError is what reading a body returns once it was cut for its
+// deadline, saying which bound cut it. It is an os.ErrDeadlineExceeded.
 type slowBodyError struct {
 	msg string
 }
 
 func (e *slowBodyError) Error() string { return e.msg }
 
-func (e *slowBodyError) Is(target error) bool {
-	return target == errBodyTooSlow || target == os.ErrDeadlineExceeded
-}
+func (e *slowBodyError) Is(target error) bool { return target == os.ErrDeadlineExceeded }
 
 // rateBody is a request body under its deadline. The connection's read
 // deadline is moved forward as bytes arrive (through
@@ -113,10 +108,12 @@ type rateBody struct {
 	body io.ReadCloser
 	rc   *http.ResponseController
 	lim  *Limits
-	// budget is lim.BodyTimeout, or lim.UploadTimeout on the upload routes.
+	// budget is lim.BodyTimeout, or lim.UploadTimeout on the upload routes
+	// (set before the handler reads).
 	budget time.Duration
 
-	mu      sync.Mutex
+	// The handler's goroutine alone reads the body; only cut is read
+	// from elsewhere (an HTTP/2 handler may write while it reads).
 	started bool
 	start   time.Time
 	n       int64
@@ -125,7 +122,7 @@ type rateBody struct {
 	// reads the connection in the background to notice a client leaving,
 	// and a deadline set now would cut that read and cancel the request.
 	done bool
-	cut  error
+	cut  atomic.Pointer[slowBodyError]
 }
 
 // deadline is when the next byte must have arrived: the grace plus one
@@ -139,10 +136,8 @@ func (b *rateBody) deadline() time.Time {
 }
 
 func (b *rateBody) Read(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.cut != nil {
-		return 0, b.cut
+	if cut := b.cut.Load(); cut != nil {
+		return 0, cut
 	}
 	if b.done {
 		return b.body.Read(p)
@@ -165,12 +160,12 @@ func (b *rateBody) Read(p []byte) (int, error) {
 		}
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		took := time.Since(b.start).Round(time.Millisecond)
-		if took >= b.budget {
-			b.cut = &slowBodyError{msg: fmt.Sprintf("request body cut off: not complete after %v, the most this route allows (%d bytes arrived)", b.budget, b.n)}
-		} else {
-			b.cut = &slowBodyError{msg: fmt.Sprintf("request body cut off: %d bytes in %v, slower than %d bytes/s after a %v grace", b.n, took, b.lim.BodyMinRate, b.lim.BodyGrace)}
+		cut := &slowBodyError{msg: fmt.Sprintf("request body cut off: %d bytes in %v, slower than %d bytes/s after a %v grace", b.n, took, b.lim.BodyMinRate, b.lim.BodyGrace)}
+		if b.set.Equal(b.start.Add(b.budget)) {
+			cut.msg = fmt.Sprintf("request body cut off: not complete after %v, the most this route allows (%d bytes arrived)", b.budget, b.n)
 		}
-		return n, b.cut
+		b.cut.Store(cut)
+		return n, cut
 	default:
 		b.done = true
 	}
@@ -184,12 +179,8 @@ func (b *rateBody) setDeadline(d time.Time) {
 
 func (b *rateBody) Close() error { return b.body.Close() }
 
-// cutError is the error that cut the body, or nil.
-func (b *rateBody) cutError() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.cut
-}
+// wasCut reports whether the body was cut for its deadline.
+func (b *rateBody) wasCut() bool { return b.cut.Load() != nil }
 
 // edgeWriter puts a deadline on every write of an answer and turns the
 // answer to a request whose body was cut into a 408, whatever the handler
@@ -201,6 +192,7 @@ type edgeWriter struct {
 	timeout time.Duration
 	h2      bool
 	body    *rateBody // nil for a request without a body
+	req     *http.Request
 	wrote   bool
 }
 
@@ -221,7 +213,7 @@ func (s *Server) bound(w http.ResponseWriter, r *http.Request) (*edgeWriter, fun
 		// HTTP/1 server to drain it before it can reuse the connection.
 		_ = rc.SetReadDeadline(time.Now().Add(s.limits.BodyGrace))
 		ew.body = &rateBody{body: r.Body, rc: rc, lim: &s.limits, budget: s.limits.BodyTimeout}
-		r.Body = ew.body
+		ew.req, r.Body = r, ew.body
 	}
 	return ew, func() {
 		// What the handler wrote may still sit in a buffer, flushed once
@@ -236,9 +228,7 @@ func (s *Server) bound(w http.ResponseWriter, r *http.Request) (*edgeWriter, fun
 func (s *Server) upload(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if b, ok := r.Body.(*rateBody); ok {
-			b.mu.Lock()
 			b.budget = s.limits.UploadTimeout
-			b.mu.Unlock()
 		}
 		next(w, r)
 	}
@@ -247,11 +237,19 @@ func (s *Server) upload(next http.HandlerFunc) http.HandlerFunc {
 func (w *edgeWriter) WriteHeader(code int) {
 	if !w.wrote {
 		w.wrote = true
-		if w.body != nil && w.body.cutError() != nil {
-			code = http.StatusRequestTimeout
-			if !w.h2 {
-				w.Header().Set("Connection", "close")
+		if w.body != nil {
+			if w.body.wasCut() {
+				code = http.StatusRequestTimeout
+				if !w.h2 {
+					w.Header().Set("Connection", "close")
+				}
 			}
+			// The HTTP/1 server looks at the request's body as it writes
+			// the header: its own body type tells it how much is left
+			// unread, and a large remainder (a refusal before reading)
+			// closes the connection at once instead of draining it. The
+			// handler is done reading once it answers.
+			w.req.Body = w.body.body
 		}
 	}
 	w.ResponseWriter.WriteHeader(code)

@@ -202,6 +202,22 @@ func TestStalledBodiesAreCutWith408(t *testing.T) {
 	}
 }
 
+// A request refused before its body is read is answered at once and its
+// connection closed, however slowly the body comes: the server does not
+// first drain what it will not read.
+func TestRefusedBodyIsNotDrained(t *testing.T) {
+	_, addr, _ := newServedEnv(t, withLimits(Limits{BodyGrace: 10 * answerWithin}))
+	c := dialFrom(t, "", addr)
+	c.send(head(http.MethodPost, "/v1/namespaces/default/workers/w/exec", "", "application/json", 10<<20) + "{")
+	r, body := c.answer()
+	if r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("no admin token: %d %q", r.StatusCode, body)
+	}
+	if rest := c.closedByServer(); rest != "" {
+		t.Fatalf("after the refusal the server sent %q", rest)
+	}
+}
+
 // Headers and idle keep-alive connections have deadlines of their own.
 func TestHeaderAndIdleDeadlines(t *testing.T) {
 	_, addr, _ := newServedEnv(t, withLimits(Limits{HeaderTimeout: 200 * time.Millisecond, IdleTimeout: 200 * time.Millisecond}))
