@@ -17,7 +17,7 @@ type edgeOpts struct {
 
 func (o *edgeOpts) addFlags(cmd *cobra.Command) {
 	fs := cmd.Flags()
-	d := controlplane.DefaultLimits
+	d := controlplane.DefaultLimits()
 	fs.DurationVar(&o.limits.HeaderTimeout, "header-timeout", d.HeaderTimeout, "time a client has to send its request headers and finish a TLS handshake")
 	fs.DurationVar(&o.limits.IdleTimeout, "idle-timeout", d.IdleTimeout, "time a kept-alive connection may wait for its next request")
 	fs.DurationVar(&o.limits.BodyGrace, "body-grace", d.BodyGrace, "time a request body may take before --body-min-rate applies")

@@ -38,18 +38,20 @@ type Limits struct {
 }
 
 // DefaultLimits are what `lakeshore serve` uses unless told otherwise.
-// The body floor is far below any real link (a daemon's result of 1 MiB
-// over 64 kbit/s is eight times faster), and the budgets far above what a
-// route legitimately carries: 5 minutes for the 128 MiB an ack may hold
-// is 440 KiB/s, an hour for a 100 MiB payload 28 KiB/s.
-var DefaultLimits = Limits{
-	HeaderTimeout: 10 * time.Second,
-	IdleTimeout:   120 * time.Second,
-	BodyGrace:     10 * time.Second,
-	BodyMinRate:   1024,
-	BodyTimeout:   5 * time.Minute,
-	UploadTimeout: time.Hour,
-	WriteTimeout:  60 * time.Second,
+// The body floor is far below any real link (64 kbit/s is eight times
+// faster), and the budgets leave room for the largest body a route takes:
+// the 128 MiB an ack may carry fits 5 minutes at 440 KiB/s, a 100 MiB
+// payload an hour at 28 KiB/s.
+func DefaultLimits() Limits {
+	return Limits{
+		HeaderTimeout: 10 * time.Second,
+		IdleTimeout:   120 * time.Second,
+		BodyGrace:     10 * time.Second,
+		BodyMinRate:   1024,
+		BodyTimeout:   5 * time.Minute,
+		UploadTimeout: time.Hour,
+		WriteTimeout:  60 * time.Second,
+	}
 }
 
 // DefaultMaxConnsPerIP is `lakeshore serve --max-conns-per-ip` by default:
@@ -59,7 +61,7 @@ const DefaultMaxConnsPerIP = 1024
 
 // withDefaults fills the zero fields and refuses negative ones.
 func (l Limits) withDefaults() (Limits, error) {
-	d := DefaultLimits
+	d := DefaultLimits()
 	for _, f := range []struct {
 		name string
 		v    *time.Duration

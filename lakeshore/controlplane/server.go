@@ -376,8 +376,8 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // middleware puts the request under its deadlines, counts in-flight
-// requests, logs each one, and turns a panic
-// into a logged 500 — a last resort: every route validates its input first.
+// requests, logs each one, and turns a panic into a logged 500 — a last
+// resort: every route validates its input first.
 func (s *Server) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w}
