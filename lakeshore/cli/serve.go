@@ -42,6 +42,7 @@ type serveOpts struct {
 	lostAfter    time.Duration
 	lostAfterSet bool
 	identity     identityOpts
+	edge         edgeOpts
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -81,12 +82,25 @@ shared bootstrap token --daemon-token / $LAKESHORE_DAEMON_TOKEN.
 --ca-file or $LAKESHORE_CA_FILE. --require-daemon-signatures (or
 $LAKESHORE_REQUIRE_DAEMON_SIGNATURES=1) turns away daemons that do not sign
 their requests with an enrolled key ('lakeshore token create --enroll').
+
+Slow clients are cut off (the answer is 408 where one can still be sent): a
+client has --header-timeout to send its headers (and finish a TLS
+handshake); a request body has --body-grace, then must keep up an average
+of --body-min-rate bytes per second and end within --body-timeout
+(--upload-timeout for release publish and payload uploads); each write of an
+answer may wait --write-timeout for the client to read it; a kept-alive
+connection may idle --idle-timeout. Long-polls are not affected.
+--max-conns-per-ip caps the connections open at once from one address.
+GET /healthz answers while the process runs; GET /readyz answers 200 while
+the store answers with its migrations applied, 503 otherwise and while
+shutting down.
 SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 		Example: `  lakeshore serve
   lakeshore serve --addr 0.0.0.0:7700 --data /var/lib/lakeshore --public-url https://cp.example.internal:7700
   LAKESHORE_DAEMON_TOKEN=$(cat daemon-token) lakeshore serve --data ./cp
   lakeshore serve --addr 0.0.0.0:7700 --tls-cert cp.pem --tls-key cp-key.pem --require-daemon-signatures
   lakeshore serve --lost-after 30m     # a flaky network: give silent daemons longer before failing their jobs
+  lakeshore serve --max-conns-per-ip 4096 --upload-timeout 3h   # a big fleet behind one NAT, slow uplinks
   LAKESHORE_ADMIN_TOKEN=$(cat admin-token) lakeshore serve --store postgres://lakeshore@db.internal/lakeshore`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -110,6 +124,7 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 	fs.DurationVar(&o.lostAfter, "lost-after", controlplane.DefaultLostAfter,
 		"how long a daemon may go unseen before the execs and runs it was running fail as lost (e.g. 10m)")
 	o.identity.addFlags(cmd, a.env.Getenv)
+	o.edge.addFlags(cmd)
 	return cmd
 }
 
@@ -178,6 +193,9 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		Logger:      logger,
 		StaleAfter:  o.staleAfter,
 		LostAfter:   lostAfter,
+	}
+	if err := o.edge.apply(&cfg); err != nil {
+		return err
 	}
 	if err := openStores(ctx, &cfg, o.store); err != nil {
 		return err

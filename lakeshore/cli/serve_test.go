@@ -210,3 +210,33 @@ func TestServeRefusesABadLostAfter(t *testing.T) {
 		}
 	}
 }
+
+// The slow-client limits and the connection cap are checked before
+// anything starts, and a bad one is a usage error naming its flag.
+func TestServeRefusesBadEdgeLimits(t *testing.T) {
+	dir := t.TempDir()
+	env := map[string]string{cli.EnvCredentials: filepath.Join(dir, "c.json"), "HOME": dir}
+	for _, tc := range []struct{ args, want []string }{
+		{[]string{"--header-timeout", "0s"}, []string{"--header-timeout 0s: must be a positive duration"}},
+		{[]string{"--body-grace", "-1s"}, []string{"--body-grace -1s: must be a positive duration"}},
+		{[]string{"--upload-timeout", "0s"}, []string{"--upload-timeout 0s: must be a positive duration"}},
+		{[]string{"--write-timeout", "0s"}, []string{"--write-timeout 0s"}},
+		{[]string{"--body-min-rate", "0"}, []string{"--body-min-rate 0: must be a positive number of bytes per second"}},
+		{[]string{"--max-conns-per-ip", "-1"}, []string{"--max-conns-per-ip -1: must be 0 (no cap) or more"}},
+		{[]string{"--body-timeout", "soon"}, []string{`invalid argument "soon" for "--body-timeout"`}},
+	} {
+		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data")}, tc.args...)
+		r := runCLI(t, runOpts{}, env, args...)
+		if r.code != cli.ExitUsage {
+			t.Fatalf("%v: %+v", tc.args, r)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(r.stderr, w) {
+				t.Fatalf("%v: stderr %q does not say %q", tc.args, r.stderr, w)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(dir, "data", "lakeshore.db")); err == nil {
+			t.Fatalf("%v: a store was opened before the refusal", tc.args)
+		}
+	}
+}

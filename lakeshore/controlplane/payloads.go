@@ -25,8 +25,13 @@ import (
 )
 
 // The payload store keeps blobs (large invocation args, for now) as files
-// under its directory, <namespace>/<key>, each beside a small JSON sidecar
-// with its size and sha256. Readers and writers never get a path: presign
+// under its directory, <namespace>/<key>, and the metadata of each (size,
+// sha256, content type) as <namespace>/.meta/<key>.json: a key starts with
+// a letter or digit, so no key names that directory or anything in it.
+// (Metadata once sat beside its blob as <key>.meta.json, which is also a
+// valid key: storing key "victim.meta.json" overwrote the metadata of key
+// "victim". migrateLegacy moves such a data dir to this layout.)
+// Readers and writers never get a path: presign
 // hands out a capability URL whose token names the namespace, key,
 // operation and expiry and is signed with a key derived from the admin
 // token, so it survives restarts and cannot be forged or stretched.
@@ -35,8 +40,11 @@ import (
 var payloadKeyRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$`) })
 
 const (
-	metaSuffix    = ".meta.json"
-	payloadPrefix = "/v1/payloads/"
+	// metaDir, in each namespace's directory, holds the metadata.
+	metaDir = ".meta"
+	// legacyMetaSuffix named the metadata file beside its blob.
+	legacyMetaSuffix = ".meta.json"
+	payloadPrefix    = "/v1/payloads/"
 	// limitPresign bounds the presign body; it carries a few short fields
 	// (a key is 200 bytes at most).
 	limitPresign = 16 << 10
@@ -54,7 +62,7 @@ type PayloadStore struct {
 // first one.
 func NewPayloadStore(dir string) *PayloadStore { return &PayloadStore{dir: dir} }
 
-// payloadMeta is the sidecar of one blob.
+// payloadMeta is the metadata of one blob.
 type payloadMeta struct {
 	Size        int64     `json:"size"`
 	SHA256      string    `json:"sha256"`
@@ -64,7 +72,13 @@ type payloadMeta struct {
 
 func (p *PayloadStore) path(ns, key string) string { return filepath.Join(p.dir, ns, key) }
 
-// meta reads a blob's sidecar; a blob that does not exist is ErrNotExist.
+// metaPath is where the metadata of blob ns/key lives.
+func (p *PayloadStore) metaPath(ns, key string) string {
+	return filepath.Join(p.dir, ns, metaDir, key+".json")
+}
+
+// meta reads a blob's metadata; a blob that does not exist, or has no
+// metadata, is ErrNotExist.
 func (p *PayloadStore) meta(ns, key string) (payloadMeta, error) {
 	if p == nil {
 		return payloadMeta{}, errNoPayloadStore
@@ -72,13 +86,13 @@ func (p *PayloadStore) meta(ns, key string) (payloadMeta, error) {
 	if _, err := os.Stat(p.path(ns, key)); err != nil {
 		return payloadMeta{}, err
 	}
-	b, err := os.ReadFile(p.path(ns, key) + metaSuffix)
+	b, err := os.ReadFile(p.metaPath(ns, key))
 	if err != nil {
-		return payloadMeta{}, fmt.Errorf("payload %s/%s: sidecar: %w", ns, key, err)
+		return payloadMeta{}, fmt.Errorf("payload %s/%s: metadata: %w", ns, key, err)
 	}
 	var m payloadMeta
 	if err := json.Unmarshal(b, &m); err != nil {
-		return payloadMeta{}, fmt.Errorf("payload %s/%s: sidecar: %w", ns, key, err)
+		return payloadMeta{}, fmt.Errorf("payload %s/%s: metadata: %w", ns, key, err)
 	}
 	return m, nil
 }
@@ -90,7 +104,7 @@ func (p *PayloadStore) put(ns, key string, r io.Reader, want int64, contentType 
 	if p == nil {
 		return payloadMeta{}, errNoPayloadStore
 	}
-	if err := os.MkdirAll(filepath.Join(p.dir, ns), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(p.dir, ns, metaDir), 0o700); err != nil {
 		return payloadMeta{}, fmt.Errorf("payload dir: %w", err)
 	}
 	blob, err := atomicfile.Create(p.path(ns, key), 0o600)
@@ -124,10 +138,10 @@ func (p *PayloadStore) put(ns, key string, r io.Reader, want int64, contentType 
 		return payloadMeta{}, badField(http.StatusConflict, "key", "payload %q already exists with other content", key)
 	}
 	mb, _ := json.Marshal(m)
-	if err := atomicfile.Write(p.path(ns, key)+metaSuffix, mb, 0o600); err != nil {
-		return payloadMeta{}, fmt.Errorf("payload sidecar: %w", err)
+	if err := atomicfile.Write(p.metaPath(ns, key), mb, 0o600); err != nil {
+		return payloadMeta{}, fmt.Errorf("payload metadata: %w", err)
 	}
-	// The blob goes last: its presence means its sidecar is complete.
+	// The blob goes last: its presence means its metadata is complete.
 	if err := blob.Commit(); err != nil {
 		return payloadMeta{}, fmt.Errorf("payload write: %w", err)
 	}

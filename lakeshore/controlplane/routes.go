@@ -9,7 +9,7 @@ import (
 // routes is the whole HTTP surface in one table: each pattern ("METHOD
 // /path", as http.ServeMux reads it) with its guard wrapped around its
 // handler. A route without a guard authenticates itself, as its comment
-// says.
+// says. upload marks the routes whose body may take UploadTimeout.
 func (s *Server) routes() *http.ServeMux {
 	mux := http.NewServeMux()
 	for _, r := range []struct {
@@ -50,7 +50,7 @@ func (s *Server) routes() *http.ServeMux {
 		// Releases: downloads are public (not secret; the daemon checks
 		// them against the sha256 of its authenticated command).
 		{operatorapi.RouteDownloadRelease, s.handleDownloadRelease},
-		{operatorapi.RoutePublishRelease, s.adminAuth(s.handlePublishRelease)},
+		{operatorapi.RoutePublishRelease, s.upload(s.adminAuth(s.handlePublishRelease))},
 		{operatorapi.RouteListReleases, s.adminAuth(s.handleListReleases)},
 		{operatorapi.RouteDeleteRelease, s.adminAuth(s.handleDeleteRelease)},
 		{operatorapi.RouteGetTargetVersion, s.adminAuth(s.handleGetTargetVersion)},
@@ -74,7 +74,11 @@ func (s *Server) routes() *http.ServeMux {
 			s.signedAuth(limitPresign, s.handlePresignMsgpack))},
 		// The signed capability token in the path authenticates these.
 		{operatorapi.RoutePayloadGet, s.handlePayloadGet},
-		{operatorapi.RoutePayloadPut, s.handlePayloadPut},
+		{operatorapi.RoutePayloadPut, s.upload(s.handlePayloadPut)},
+
+		// Probes, unauthenticated; they read no body and write nothing.
+		{"GET /healthz", s.handleHealthz},
+		{"GET /readyz", s.handleReadyz},
 	} {
 		mux.HandleFunc(r.pattern, r.handler)
 	}

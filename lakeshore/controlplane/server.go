@@ -76,6 +76,11 @@ type Config struct {
 	// HTTPS.
 	TLSCertFile string
 	TLSKeyFile  string
+	// Limits bound slow clients (deadlines.go); zero fields are defaults.
+	Limits Limits
+	// MaxConnsPerIP caps the connections Serve keeps open at once from
+	// one remote address; 0 is no cap.
+	MaxConnsPerIP int
 }
 
 // Caps on how long one request may wait for something to happen.
@@ -105,6 +110,8 @@ type Server struct {
 	urlKey            urlKey
 	ident             *identityState
 	tls               *tls.Config
+	limits            Limits
+	maxConnsPerIP     int
 
 	// Tests shorten these; the protocol fixes them at 20 s.
 	pollCap time.Duration
@@ -186,6 +193,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		waitCap:     maxExecWait,
 		closing:     make(chan struct{}),
 	}
+	var err error
+	if s.limits, err = cfg.Limits.withDefaults(); err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	if s.maxConnsPerIP = cfg.MaxConnsPerIP; s.maxConnsPerIP < 0 {
+		return nil, fmt.Errorf("controlplane: MaxConnsPerIP %d: must not be negative", cfg.MaxConnsPerIP)
+	}
 	if s.staleAfter <= 0 {
 		s.staleAfter = operatorapi.StaleAfter
 	}
@@ -205,7 +219,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.DataDir == "" && cfg.AdminToken == "" {
 		return nil, errors.New("controlplane: DataDir is required")
 	}
-	var err error
 	s.adminToken, s.adminTokenCreated, err = loadAdminToken(cfg.DataDir, cfg.AdminToken)
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
@@ -222,6 +235,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		identOpts = append(identOpts, identity.WithNonceLedger(storeNonces{st: s.st, now: s.now}))
 	}
 	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge, identOpts...)
+	if err := cfg.Payloads.migrateLegacy(s.log); err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
 	s.handler = s.middleware(s.routes())
 	// Before the sweeper, whose first broadcast may come at once.
 	if cfg.Notifier != nil {
@@ -248,10 +264,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		u := s.scheme() + "://" + advertisedAddr(ln.Addr(), s.addr)
 		s.publicURL.CompareAndSwap(nil, &u)
 	}
+	if s.maxConnsPerIP > 0 {
+		ln = newPerIPListener(ln, s.maxConnsPerIP, s.log)
+	}
+	// No ReadTimeout or WriteTimeout: they would bound a whole request
+	// and its answer, long-polls and followed logs included. The body and
+	// each write get deadlines of their own (bound).
 	srv := &http.Server{
 		Handler:           s.handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		ReadHeaderTimeout: s.limits.HeaderTimeout,
+		IdleTimeout:       s.limits.IdleTimeout,
 		ErrorLog:          log.New(s.log.With().Str("component", "http").Logger(), "", 0),
 	}
 	done := make(chan error, 1)
@@ -353,17 +375,20 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 // a handler can flush a first answer before it waits for the rest.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// middleware counts in-flight requests, logs each one, and turns a panic
-// into a logged 500 — a last resort: every route validates its input first.
+// middleware puts the request under its deadlines, counts in-flight
+// requests, logs each one, and turns a panic into a logged 500 — a last
+// resort: every route validates its input first.
 func (s *Server) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		ew, bounded := s.bound(sw, r)
+		defer bounded()
 		if !s.inflight.enter() {
-			writeJSON(w, http.StatusServiceUnavailable, operatorapi.Error{Error: "the control plane is shutting down"})
+			writeJSON(ew, http.StatusServiceUnavailable, operatorapi.Error{Error: "the control plane is shutting down"})
 			return
 		}
 		defer s.inflight.leave()
 		start := time.Now()
-		sw := &statusWriter{ResponseWriter: w}
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
@@ -372,7 +397,7 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 				s.log.Error().Str("method", r.Method).Str("route", r.Pattern).
 					Str("panic", fmt.Sprint(p)).Str("stack", string(debug.Stack())).Msg("handler panicked")
 				if sw.status == 0 {
-					writeJSON(sw, http.StatusInternalServerError, operatorapi.Error{Error: "internal error"})
+					writeJSON(ew, http.StatusInternalServerError, operatorapi.Error{Error: "internal error"})
 				}
 			}
 			ev := s.log.Debug()
@@ -382,6 +407,6 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 			ev.Str("method", r.Method).Str("route", r.Pattern).Int("status", sw.status).
 				Dur("took", time.Since(start)).Msg("request")
 		}()
-		next.ServeHTTP(sw, r)
+		next.ServeHTTP(ew, r)
 	})
 }

@@ -81,6 +81,10 @@ type Store interface {
 	Invocations
 	Nonces
 	Events
+	// Ready reports whether the store answers and its schema has every
+	// migration this binary embeds (an error naming what is wrong if not),
+	// for a readiness probe: cheap, and it writes nothing.
+	Ready(ctx context.Context) error
 	Close() error
 }
 

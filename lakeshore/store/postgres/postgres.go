@@ -65,8 +65,13 @@ func Open(ctx context.Context, dsn string) (*DB, error) {
 		pool.Close()
 		return nil, fmt.Errorf("postgres: migrate: %w", err)
 	}
+	ms, err := sqlstore.Migrations(migrations)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
 	sdb := stdlib.OpenDBFromPool(pool)
-	return &DB{DB: sqlstore.New(sdb, sdb, dialect(pool)), pool: pool}, nil
+	return &DB{DB: sqlstore.New(sdb, sdb, dialect(pool, ms)), pool: pool}, nil
 }
 
 // Close closes the pool.
@@ -78,9 +83,9 @@ func (db *DB) Close() error {
 
 // dialect is PostgreSQL's: numbered placeholders, row locks, READ
 // COMMITTED writes retried on deadlock, REPEATABLE READ snapshots,
-// statements detached from their caller's cancellation, and transactions
-// run on pgx itself (see runTx).
-func dialect(pool *pgxpool.Pool) sqlstore.Dialect {
+// statements detached from their caller's cancellation, transactions run
+// on pgx itself (see runTx), and the migrations ms that migrate applied.
+func dialect(pool *pgxpool.Pool, ms []sqlstore.Migration) sqlstore.Dialect {
 	return sqlstore.Dialect{
 		Placeholders:          sqlstore.Dollar,
 		ForUpdate:             " FOR UPDATE",
@@ -93,6 +98,7 @@ func dialect(pool *pgxpool.Pool) sqlstore.Dialect {
 		RunTx: func(ctx context.Context, opts *sql.TxOptions, fn func(sqlstore.Tx) error) error {
 			return runTx(ctx, pool, opts, fn)
 		},
+		Migrations: ms,
 	}
 }
 

@@ -84,6 +84,23 @@ func TestPostgres(t *testing.T) {
 		})
 	})
 
+	t.Run("ReadyNamesAMissingMigration", func(t *testing.T) {
+		ctx := context.Background()
+		db := open(t, srv.newDatabase(t))
+		if err := db.Ready(ctx); err != nil {
+			t.Fatalf("freshly migrated: %v", err)
+		}
+		var v int
+		if err := db.Pool().QueryRow(ctx, `DELETE FROM schema_migrations
+			WHERE version = (SELECT MAX(version) FROM schema_migrations) RETURNING version`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		err := db.Ready(ctx)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%04d_", v)) || !strings.Contains(err.Error(), "not applied") {
+			t.Fatalf("with migration %d unrecorded: %v", v, err)
+		}
+	})
+
 	t.Run("ReplicasStartingTogetherMigrateOnce", func(t *testing.T) {
 		dsn := srv.newDatabase(t)
 		const replicas = 6

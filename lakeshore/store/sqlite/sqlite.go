@@ -50,7 +50,8 @@ func Open(ctx context.Context, path string) (*DB, error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
-	if err := migrate(ctx, w); err != nil {
+	ms, err := migrate(ctx, w)
+	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("migrate %s: %w", path, err)
 	}
@@ -64,13 +65,14 @@ func Open(ctx context.Context, path string) (*DB, error) {
 	}
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(2)
-	return &DB{sqlstore.New(w, r, dialect())}, nil
+	return &DB{sqlstore.New(w, r, dialect(ms))}, nil
 }
 
 // dialect is SQLite's: the zero value (one writer, no row locks, no
-// retries, statements on the caller's context), plus its error codes.
-func dialect() sqlstore.Dialect {
-	return sqlstore.Dialect{IsPrimaryKeyViolation: isPrimaryKeyViolation}
+// retries, statements on the caller's context), plus its error codes and
+// the migrations ms it applied.
+func dialect(ms []sqlstore.Migration) sqlstore.Dialect {
+	return sqlstore.Dialect{IsPrimaryKeyViolation: isPrimaryKeyViolation, Migrations: ms}
 }
 
 // sqliteConstraintPrimaryKey is SQLITE_CONSTRAINT_PRIMARYKEY.
@@ -81,20 +83,22 @@ func isPrimaryKeyViolation(err error, table string) bool {
 	return errors.As(err, &se) && se.Code() == sqliteConstraintPrimaryKey && strings.Contains(se.Error(), " "+table+".")
 }
 
-func migrate(ctx context.Context, db *sql.DB) error {
+// migrate applies the embedded migrations not applied yet and returns
+// them all.
+func migrate(ctx context.Context, db *sql.DB) ([]sqlstore.Migration, error) {
 	if _, err := db.ExecContext(ctx, sqlstore.CreateMigrationsTable); err != nil {
-		return err
+		return nil, err
 	}
 	ms, err := sqlstore.Migrations(migrations)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, m := range ms {
 		if err := applyMigration(ctx, db, m); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return ms, nil
 }
 
 func applyMigration(ctx context.Context, db *sql.DB, m sqlstore.Migration) error {

@@ -2,8 +2,11 @@ package sqlite_test
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,5 +63,34 @@ func TestOpenInMissingDirectoryFails(t *testing.T) {
 	if db, err := sqlite.Open(context.Background(), path); err == nil {
 		db.Close()
 		t.Fatal("opened a database in a missing directory")
+	}
+}
+
+// Ready names a migration the file lacks: the schema is behind this
+// binary (an older file restored, or a migration's row removed by hand).
+func TestReadyNamesAMissingMigration(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	db, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := db.Ready(ctx); err != nil {
+		t.Fatalf("freshly migrated: %v", err)
+	}
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	var v int
+	if err := raw.QueryRowContext(ctx, `DELETE FROM schema_migrations
+		WHERE version = (SELECT MAX(version) FROM schema_migrations) RETURNING version`).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	err = db.Ready(ctx)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%04d_", v)) || !strings.Contains(err.Error(), "not applied") {
+		t.Fatalf("with migration %d unrecorded: %v", v, err)
 	}
 }

@@ -60,6 +60,9 @@ type Dialect struct {
 	// transaction and each result in a goroutine of its own, which costs
 	// a client of a networked server more than the statements do.
 	RunTx func(ctx context.Context, opts *sql.TxOptions, fn func(Tx) error) error
+	// Migrations are the engine's embedded migrations, all applied by the
+	// time it hands the database over; Ready checks they still are.
+	Migrations []Migration
 }
 
 // forUpdateOf locks only the rows of the given table alias (PostgreSQL

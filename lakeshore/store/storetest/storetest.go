@@ -70,6 +70,7 @@ func Run(t *testing.T, b Backend) {
 		{"CancelRacingDelivery", testCancelRacingDelivery},
 		{"ConcurrentRotationsFromOneKey", testConcurrentRotationsFromOneKey},
 		{"ConcurrentJobsForASingleJobWorker", testConcurrentJobsForASingleJobWorker},
+		{"ReadyWhileOpen", testReadyWhileOpen},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
