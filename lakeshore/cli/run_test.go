@@ -20,6 +20,7 @@ import (
 	"nymph/lakeshore/cli"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
+	"nymph/test/wait"
 )
 
 // simDaemon polls a real control plane over msgpack as nymph does and
@@ -479,6 +480,13 @@ func TestDaemonListAndShowOutcomes(t *testing.T) {
 	post(messages.AutoUpdateEventID("2.0.0", time.Now()), messages.EventOtaFinished, &messages.OtaOutcome{Source: messages.OtaSourceAuto,
 		Version: "2.0.0", Outcome: messages.OtaRefused, Code: messages.OtaCodeChecksumMismatch, Reason: &reason})
 
+	// The simulated daemon acknowledges the setup with the cursor of its
+	// next poll, and only then is the worker active again.
+	wait.For(t, 30*time.Second, "the setup to be acknowledged", func() bool {
+		var w operatorapi.Worker
+		r := cp.run(runOpts{}, "daemon", "show", "sim", "--json")
+		return r.code == 0 && json.Unmarshal([]byte(r.stdout), &w) == nil && w.State == operatorapi.StateActive
+	})
 	r = cp.run(runOpts{}, "daemon", "list")
 	if r.code != 0 || !strings.Contains(r.stdout, "active, setup failed (exit 9)") {
 		t.Fatalf("list: %+v", r)
