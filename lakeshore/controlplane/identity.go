@@ -39,16 +39,6 @@ func newIdentityState(keys store.Keys, requireSigs bool, maxAge time.Duration, o
 	}
 }
 
-// storeNonces is the Verifier's nonce ledger on the store replicas share.
-type storeNonces struct {
-	st  store.Nonces
-	now func() time.Time
-}
-
-func (n storeNonces) UseNonce(ctx context.Context, keyID, nonce string, expires time.Time) (bool, error) {
-	return n.st.UseNonce(ctx, keyID, nonce, expires, n.now())
-}
-
 // keyLookup resolves key ids for the Verifier. A request that wants the
 // whole key row (its worker, its namespace) puts a *keyCapture in the
 // context, which saves a second read of the same row.
