@@ -18,7 +18,8 @@ import (
 )
 
 // identityState is the control plane's half of daemon identity: the one
-// Verifier of the process (its nonce cache is the replay protection, so
+// Verifier of the process (its per-key nonce windows and throttle, in front
+// of the nonces committed to the store, are the replay protection, so
 // hello, /keys and the guarded routes must share it) and the policy knobs.
 type identityState struct {
 	verifier    *identity.Verifier
