@@ -24,7 +24,7 @@ func BenchmarkSign(b *testing.B) {
 
 func BenchmarkVerify(b *testing.B) {
 	k := seedKey(b, 1)
-	v := identity.NewVerifier(newMemKeys(k), identity.WithNonceCapacity(b.N+1))
+	v := identity.NewVerifier(newMemKeys(k), identity.WithNonceCapacity(b.N+1), identity.WithKeyWindow(b.N+1))
 	body := bytes.Repeat([]byte{0xa5}, 1024)
 	// Every verification needs its own nonce, so sign them all up front.
 	reqs := make([]*http.Request, b.N)

@@ -51,8 +51,20 @@ type KeyLookup interface {
 // verifier's clock, either way.
 const DefaultMaxSkew = 300 * time.Second
 
-// DefaultNonceCapacity bounds the replay cache (about 200 bytes an entry).
-const DefaultNonceCapacity = 100_000
+// Defaults of the replay cache (see Verifier). A pair costs about 100
+// bytes, so the whole cache stays under about 100 MB.
+const (
+	// DefaultNonceCapacity bounds the pairs kept in all windows together.
+	DefaultNonceCapacity = 1_000_000
+	// DefaultKeyWindow bounds one key's window. A nonce is kept until its
+	// timestamp leaves the skew window, at most 2 x 300 s after it was
+	// accepted; a daemon signs a few requests a second (a poll per 20 s
+	// when idle; acks, events, chunks and results while jobs run), so
+	// 16,384 holds ten minutes of 27 a second.
+	DefaultKeyWindow = 16_384
+	// DefaultMaxKeys bounds the windows kept (one per key recently heard).
+	DefaultMaxKeys = 100_000
+)
 
 // Option configures a Verifier.
 type Option func(*Verifier)
@@ -67,8 +79,8 @@ func WithMaxSkew(d time.Duration) Option {
 	}
 }
 
-// WithNonceCapacity sets how many nonces the replay cache holds. Values
-// under one keep DefaultNonceCapacity.
+// WithNonceCapacity sets how many nonces the replay cache holds in all.
+// Values under one keep DefaultNonceCapacity.
 func WithNonceCapacity(n int) Option {
 	return func(v *Verifier) {
 		if n >= 1 {
@@ -77,20 +89,51 @@ func WithNonceCapacity(n int) Option {
 	}
 }
 
-// NonceLedger records nonces where the verifiers of every replica see them,
-// so a request replayed to another replica is refused too.
+// WithKeyWindow sets how many nonces one key's window holds. Values under
+// one keep DefaultKeyWindow.
+func WithKeyWindow(n int) Option {
+	return func(v *Verifier) {
+		if n >= 1 {
+			v.perKey = n
+		}
+	}
+}
+
+// WithMaxKeys sets how many keys have a window at once. Values under one
+// keep DefaultMaxKeys.
+func WithMaxKeys(n int) Option {
+	return func(v *Verifier) {
+		if n >= 1 {
+			v.maxKeys = n
+		}
+	}
+}
+
+// WithKeyRate throttles each key on its own: a token bucket of burst
+// requests refilled at perSecond. A validly signed request past it is
+// refused with a *ThrottledError (ErrThrottled) and its nonce is not
+// recorded. A rate not above zero, or a burst under one, throttles nothing
+// (the default).
+func WithKeyRate(perSecond float64, burst int) Option {
+	return func(v *Verifier) { v.rate, v.burst = perSecond, burst }
+}
+
+// NonceLedger records nonces durably, where the verifiers of every replica
+// and of every later process see them, so a request replayed to another
+// replica or after a restart is refused too.
 //
 // Concurrency: UseNonce is called concurrently; of two calls recording the
 // same pair, exactly one reports it fresh.
 type NonceLedger interface {
 	// UseNonce records (keyID, nonce) until expires and reports whether
-	// the pair was new.
+	// the pair was new. It returns once the record is durable.
 	UseNonce(ctx context.Context, keyID, nonce string, expires time.Time) (bool, error)
 }
 
-// WithNonceLedger adds a ledger shared by replicas to the in-memory cache,
-// which still answers first and so catches replays to this process without
-// a round trip.
+// WithNonceLedger adds a durable ledger to the in-memory cache, which still
+// answers first and so catches replays to this process without a round
+// trip. Every nonce the cache accepts is then recorded in the ledger before
+// Verify returns.
 func WithNonceLedger(l NonceLedger) Option {
 	return func(v *Verifier) { v.ledger = l }
 }
@@ -99,33 +142,43 @@ func WithNonceLedger(l NonceLedger) Option {
 //
 // Concurrency: a Verifier is safe for concurrent use by any number of
 // goroutines, and must be shared — one per process, across every route that
-// accepts signatures — because replay protection lives in its in-memory
-// nonce cache. Key lookups and signature checks run unlocked; only the final
-// check-and-record of the nonce holds a mutex, so of two concurrent copies
-// of one request exactly one is accepted. Replicas do not share caches; a
-// NonceLedger (WithNonceLedger) that they share catches a request replayed
-// to a different replica within the skew window.
+// accepts signatures — because replay protection and the throttle live in
+// its in-memory nonce cache. Key lookups and signature checks run unlocked;
+// only the final check-and-record of the nonce holds a mutex, so of two
+// concurrent copies of one request exactly one is accepted. A NonceLedger
+// (WithNonceLedger) makes the protection outlive the process and span
+// replicas.
 //
-// The cache keeps each nonce until its timestamp falls out of the skew
-// window. When it is full, the entry with the oldest timestamp is evicted
-// and every request stamped at or before that timestamp is refused as a
-// possible replay: under load the accepted window narrows from the past
-// instead of letting a replay through.
+// The cache is partitioned by key: each key has a window of its own
+// (WithKeyWindow), so no key's traffic can evict another key's nonces, and
+// its own token bucket (WithKeyRate). The number of windows (WithMaxKeys)
+// and of nonces in all (WithNonceCapacity) are bounded too; past them the
+// least recently used windows go first. Without a ledger a dropped nonce
+// makes its key refuse every timestamp at or before it: under load the
+// accepted window narrows from the past instead of letting a replay
+// through. With one, a dropped nonce is still refused by the ledger.
 type Verifier struct {
 	lookup   KeyLookup
 	skew     int64
 	capacity int
-	nonces   *nonceCache
+	perKey   int
+	maxKeys  int
+	rate     float64
+	burst    int
+	nonces   *nonceWindows
 	ledger   NonceLedger
 }
 
 // NewVerifier returns a Verifier that resolves key ids through lookup.
 func NewVerifier(lookup KeyLookup, opts ...Option) *Verifier {
-	v := &Verifier{lookup: lookup, skew: int64(DefaultMaxSkew / time.Second), capacity: DefaultNonceCapacity}
+	v := &Verifier{
+		lookup: lookup, skew: int64(DefaultMaxSkew / time.Second),
+		capacity: DefaultNonceCapacity, perKey: DefaultKeyWindow, maxKeys: DefaultMaxKeys,
+	}
 	for _, o := range opts {
 		o(v)
 	}
-	v.nonces = newNonceCache(v.capacity, v.skew)
+	v.nonces = newNonceWindows(v.perKey, v.maxKeys, v.capacity, v.skew, v.ledger != nil, v.rate, v.burst)
 	return v
 }
 
@@ -267,13 +320,13 @@ func (v *Verifier) parse(req *http.Request, now time.Time) (sigHeaders, error) {
 }
 
 // check verifies the signature, then records the nonce: in this process's
-// cache, then in the shared ledger if there is one.
+// cache (which also throttles the key), then in the ledger if there is one.
 func (v *Verifier) check(ctx context.Context, req *http.Request, body []byte, h sigHeaders, pub ed25519.PublicKey, now time.Time) error {
 	msg := Canonical(h.keyID, req.Method, requestPath(req.URL), req.URL.RawQuery, h.ts, h.nonce, body)
 	if !ed25519.Verify(pub, msg, h.sig) {
 		return fmt.Errorf("identity: key %q: %w", h.keyID, ErrBadSignature)
 	}
-	if err := v.nonces.remember(h.keyID, h.nonce, h.ts, now.Unix()); err != nil {
+	if err := v.nonces.remember(h.keyID, h.nonce, h.ts, now); err != nil {
 		return fmt.Errorf("identity: key %q: %w", h.keyID, err)
 	}
 	if v.ledger == nil {
@@ -285,7 +338,8 @@ func (v *Verifier) check(ctx context.Context, req *http.Request, body []byte, h 
 		return fmt.Errorf("identity: key %q: record nonce: %w", h.keyID, err)
 	}
 	if !fresh {
-		return fmt.Errorf("identity: key %q: nonce %q already used on another replica: %w", h.keyID, h.nonce, ErrReplay)
+		v.nonces.refund(h.keyID)
+		return fmt.Errorf("identity: key %q: nonce %q already used (recorded by another replica or an earlier process): %w", h.keyID, h.nonce, ErrReplay)
 	}
 	return nil
 }

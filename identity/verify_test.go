@@ -621,3 +621,69 @@ func TestBeginRefusesBeforeTheBodyAndFinishChecksIt(t *testing.T) {
 		t.Fatalf("BeginWithKey with another key: %v, want ErrKeyIDMismatch", err)
 	}
 }
+
+// One key past its rate is throttled on its own: a *ThrottledError, not an
+// authentication failure; another key at the same instant is not.
+func TestKeyRateThrottlesOnlyThatKey(t *testing.T) {
+	flood, other := seedKey(t, 1), seedKey(t, 2)
+	v := identity.NewVerifier(newMemKeys(flood, other), identity.WithKeyRate(1, 3))
+	verify := func(k *identity.Key, now time.Time) error {
+		req := httptest.NewRequest(http.MethodPost, "/v1/daemon/poll", nil)
+		if err := k.SignRequest(req, nil, now); err != nil {
+			t.Fatal(err)
+		}
+		_, err := v.Verify(context.Background(), req, nil, now)
+		return err
+	}
+	for i := range 3 {
+		if err := verify(flood, t0); err != nil {
+			t.Fatalf("within the burst, %d: %v", i, err)
+		}
+	}
+	err := verify(flood, t0)
+	var te *identity.ThrottledError
+	if !errors.As(err, &te) || !errors.Is(err, identity.ErrThrottled) || errors.Is(err, identity.ErrUnauthenticated) {
+		t.Fatalf("past the burst: %v", err)
+	}
+	if te.RetryAfter != time.Second || te.KeyID != flood.ID() {
+		t.Fatalf("throttled: %+v", te)
+	}
+	if err := verify(other, t0); err != nil {
+		t.Fatalf("another key: %v", err)
+	}
+	if err := verify(flood, t0.Add(time.Second)); err != nil {
+		t.Fatalf("a second later: %v", err)
+	}
+}
+
+// A request the ledger refuses as a replay gives its token back, so a
+// stranger replaying a key's captured requests cannot get it throttled.
+func TestLedgerRefusedReplayCostsNoToken(t *testing.T) {
+	k := seedKey(t, 1)
+	keys := newMemKeys(k)
+	ledger := &memLedger{seen: map[string]time.Time{}}
+	elsewhere := identity.NewVerifier(keys, identity.WithNonceLedger(ledger))
+	v := identity.NewVerifier(keys, identity.WithNonceLedger(ledger), identity.WithKeyRate(1, 1))
+	captured := make([]*http.Request, 5)
+	for i := range captured {
+		captured[i] = httptest.NewRequest(http.MethodPost, "/v1/daemon/poll", nil)
+		if err := k.SignRequest(captured[i], nil, t0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := elsewhere.Verify(context.Background(), captured[i], nil, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, req := range captured {
+		if _, err := v.Verify(context.Background(), req, nil, t0); !errors.Is(err, identity.ErrReplay) {
+			t.Fatalf("replay %d: %v, want ErrReplay", i, err)
+		}
+	}
+	fresh := httptest.NewRequest(http.MethodPost, "/v1/daemon/poll", nil)
+	if err := k.SignRequest(fresh, nil, t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Verify(context.Background(), fresh, nil, t0); err != nil {
+		t.Fatalf("the key's own request after the replays: %v", err)
+	}
+}

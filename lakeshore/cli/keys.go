@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -49,6 +50,9 @@ type identityOpts struct {
 	tlsCert, tlsKey   string
 	requireSignatures bool
 	keyMaxAge         time.Duration
+	// keyRate and keyBurst throttle each daemon key; rate 0 turns it off.
+	keyRate  float64
+	keyBurst int
 }
 
 func (o *identityOpts) addFlags(cmd *cobra.Command, getenv func(string) string) {
@@ -58,6 +62,10 @@ func (o *identityOpts) addFlags(cmd *cobra.Command, getenv func(string) string) 
 	fs.BoolVar(&o.requireSignatures, "require-daemon-signatures", false,
 		"refuse daemons that do not sign their requests (env "+EnvRequireSignatures+"=1)")
 	fs.DurationVar(&o.keyMaxAge, "key-rotation-max-age", 0, "ask daemons to rotate keys older than this, e.g. 720h (default: never)")
+	fs.Float64Var(&o.keyRate, "daemon-key-rate", controlplane.DefaultKeyRequestRate,
+		"signed requests a second one daemon key may sustain before it is answered 429 (0: no limit)")
+	fs.IntVar(&o.keyBurst, "daemon-key-burst", controlplane.DefaultKeyRequestBurst,
+		"signed requests one daemon key may send at once on top of --daemon-key-rate")
 }
 
 // resolve folds the environment into the flags and checks them.
@@ -75,6 +83,12 @@ func (o *identityOpts) resolve(getenv func(string) string) error {
 	if o.keyMaxAge < 0 {
 		return usagef("--key-rotation-max-age %s: want a positive duration", o.keyMaxAge)
 	}
+	if o.keyRate < 0 || math.IsNaN(o.keyRate) || math.IsInf(o.keyRate, 0) {
+		return usagef("--daemon-key-rate %v: want requests a second, 0 for no limit", o.keyRate)
+	}
+	if o.keyBurst < 1 {
+		return usagef("--daemon-key-burst %d: want at least 1", o.keyBurst)
+	}
 	return nil
 }
 
@@ -83,6 +97,10 @@ func (o identityOpts) apply(cfg *controlplane.Config) {
 	cfg.TLSCertFile, cfg.TLSKeyFile = o.tlsCert, o.tlsKey
 	cfg.RequireSignatures = o.requireSignatures
 	cfg.KeyRotationMaxAge = o.keyMaxAge
+	cfg.KeyRequestRate, cfg.KeyRequestBurst = o.keyRate, o.keyBurst
+	if o.keyRate == 0 {
+		cfg.KeyRequestRate = -1 // no limit
+	}
 }
 
 // url gives a URL derived from the listener the scheme serve speaks.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -212,4 +213,29 @@ func (d *signedDaemon) poll() int {
 	resp := d.post("/v1/daemon/poll", "", true, messages.PollRequest{WorkerID: d.worker})
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// A throttle setting that is not a rate is a usage error naming the flag,
+// before anything starts.
+func TestServeRefusesABadDaemonKeyRate(t *testing.T) {
+	dir := t.TempDir()
+	env := map[string]string{cli.EnvCredentials: filepath.Join(dir, "c.json"), "HOME": dir}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--daemon-key-rate", "-1"}, "--daemon-key-rate -1: want requests a second, 0 for no limit"},
+		{[]string{"--daemon-key-rate", "NaN"}, "--daemon-key-rate NaN"},
+		{[]string{"--daemon-key-rate", "lots"}, `invalid argument "lots" for "--daemon-key-rate"`},
+		{[]string{"--daemon-key-burst", "0"}, "--daemon-key-burst 0: want at least 1"},
+	} {
+		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data")}, tc.args...)
+		r := runCLI(t, runOpts{}, env, args...)
+		if r.code != cli.ExitUsage || !strings.Contains(r.stderr, tc.want) {
+			t.Fatalf("%v: exit %d, stderr %q does not say %q", tc.args, r.code, r.stderr, tc.want)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "data", "lakeshore.db")); err == nil {
+			t.Fatalf("%v: a store was opened before the refusal", tc.args)
+		}
+	}
 }

@@ -9,8 +9,11 @@ import (
 	"math"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
+	"nymph/identity"
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
 )
@@ -140,6 +143,12 @@ func writeDaemonError(w http.ResponseWriter, err error) {
 	var fe *fieldError
 	if errors.As(err, &fe) {
 		writeMsgpack(w, fe.status, &messages.ValidationError{Error: fe.msg, Field: fe.field})
+		return
+	}
+	var te *identity.ThrottledError
+	if errors.As(err, &te) {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(te.RetryAfter/time.Second), 10))
+		writeMsgpack(w, http.StatusTooManyRequests, &messages.ValidationError{Error: "this key sends more signed requests than a daemon does; retry after the Retry-After seconds"})
 		return
 	}
 	writeMsgpack(w, http.StatusServiceUnavailable, &messages.ValidationError{Error: "the control plane could not complete the request; retry"})

@@ -17,7 +17,8 @@ import (
 )
 
 // identityState is the control plane's half of daemon identity: the one
-// Verifier of the process (its nonce cache is the replay protection, so
+// Verifier of the process (its per-key nonce windows and throttle, in front
+// of the nonces committed to the store, are the replay protection, so
 // hello, /keys and the guarded routes must share it) and the policy knobs.
 type identityState struct {
 	verifier    *identity.Verifier
@@ -36,16 +37,6 @@ func newIdentityState(keys store.Keys, requireSigs bool, maxAge time.Duration, o
 		requireSigs: requireSigs,
 		maxAge:      max(maxAge, 0),
 	}
-}
-
-// storeNonces is the Verifier's nonce ledger on the store replicas share.
-type storeNonces struct {
-	st  store.Nonces
-	now func() time.Time
-}
-
-func (n storeNonces) UseNonce(ctx context.Context, keyID, nonce string, expires time.Time) (bool, error) {
-	return n.st.UseNonce(ctx, keyID, nonce, expires, n.now())
 }
 
 // keyLookup resolves key ids for the Verifier. A request that wants the

@@ -50,9 +50,9 @@ type Config struct {
 	// release routes say so.
 	Releases *releases.Store
 	// Notifier carries wake-ups to and from the other replicas sharing
-	// Store; nil keeps them in this process (one control plane). With a
-	// Notifier, signature nonces are also recorded in Store, so a request
-	// replayed to another replica is refused.
+	// Store; nil keeps them in this process (one control plane). Signature
+	// nonces are recorded in Store either way, so a request replayed to
+	// another replica, or after a restart, is refused.
 	Notifier Notifier
 	// Now is the clock; nil means time.Now. Stale derivation, deadlines and
 	// timestamps all read it.
@@ -72,6 +72,16 @@ type Config struct {
 	// KeyRotationMaxAge, when positive, queues rotate_key for a daemon whose
 	// key is older, and is advertised as hello's key_rotation_max_age_s.
 	KeyRotationMaxAge time.Duration
+	// KeyRequestRate is how many signed requests a second one daemon key
+	// may sustain and KeyRequestBurst how many it may send at once; a key
+	// past them is answered 429 with Retry-After, and no other key is
+	// slowed. Zero takes DefaultKeyRequestRate and DefaultKeyRequestBurst;
+	// a negative rate throttles nothing.
+	KeyRequestRate  float64
+	KeyRequestBurst int
+	// NoncePurgeInterval is how often expired nonces are dropped from
+	// Store; zero means DefaultNoncePurgeInterval. Tests shorten it.
+	NoncePurgeInterval time.Duration
 	// TLSCertFile and TLSKeyFile (PEM), both or neither, make Serve speak
 	// HTTPS.
 	TLSCertFile string
@@ -109,6 +119,7 @@ type Server struct {
 	payloads          *PayloadStore
 	urlKey            urlKey
 	ident             *identityState
+	nonces            *nonceLedger
 	tls               *tls.Config
 	limits            Limits
 	maxConnsPerIP     int
@@ -227,14 +238,18 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.tls, err = loadTLS(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	var identOpts []identity.Option
-	if cfg.Notifier != nil {
-		// Replicas: a nonce one of them saw must be refused by all. A
-		// lone control plane keeps them in memory, with no write per
-		// signed request.
-		identOpts = append(identOpts, identity.WithNonceLedger(storeNonces{st: s.st, now: s.now}))
+	// Every accepted nonce is committed to the store, group-committed, so
+	// neither a restart nor another replica lets its replay through.
+	s.nonces = newNonceLedger(s.st, nonceBatch)
+	rate, burst := cfg.KeyRequestRate, cfg.KeyRequestBurst
+	if rate == 0 {
+		rate = DefaultKeyRequestRate
 	}
-	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge, identOpts...)
+	if burst <= 0 {
+		burst = DefaultKeyRequestBurst
+	}
+	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge,
+		identity.WithNonceLedger(s.nonces), identity.WithKeyRate(rate, burst))
 	if err := cfg.Payloads.migrateLegacy(s.log); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
@@ -244,6 +259,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		s.stopNotifier = s.startNotifier(cfg.Notifier)
 	}
 	s.startSweeper()
+	purge := cfg.NoncePurgeInterval
+	if purge <= 0 {
+		purge = DefaultNoncePurgeInterval
+	}
+	s.startNoncePurge(purge)
 	return s, nil
 }
 

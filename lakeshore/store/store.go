@@ -88,14 +88,25 @@ type Store interface {
 	Close() error
 }
 
-// Nonces records the signature nonces replicas share, so a signed request
-// replayed to another replica is refused.
+// Nonces records the signature nonces of accepted requests, so a signed
+// request replayed after a restart, or to another replica, is refused.
 type Nonces interface {
-	// UseNonce records (keyID, nonce) until expires and reports whether
-	// the pair was new; of concurrent calls for one pair, on any number of
-	// stores sharing the database, exactly one reports it new. Pairs that
-	// expired by now are dropped from time to time.
-	UseNonce(ctx context.Context, keyID, nonce string, expires, now time.Time) (bool, error)
+	// UseNonces records every pair in one transaction and reports, for
+	// each, whether it was new: fresh[i] answers uses[i]. Of concurrent
+	// calls recording one pair, on any number of stores sharing the
+	// database, exactly one reports it new; a pair listed twice in one
+	// call is new at most at its first place. The pairs are durable once
+	// it returns.
+	UseNonces(ctx context.Context, uses []NonceUse) (fresh []bool, err error)
+	// PurgeNonces drops the pairs that expired by now and returns how
+	// many it dropped.
+	PurgeNonces(ctx context.Context, now time.Time) (int64, error)
+}
+
+// NonceUse is one (key, nonce) pair to record, kept until Expires.
+type NonceUse struct {
+	KeyID, Nonce string
+	Expires      time.Time
 }
 
 // Workers holds worker rows.

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"nymph/lakeshore/store"
@@ -119,8 +118,6 @@ type DB struct {
 	w *sql.DB // writes
 	r *sql.DB // reads; may be w itself
 	d *Dialect
-	// nonceUses paces the purge of expired nonces.
-	nonceUses atomic.Uint64
 }
 
 var _ store.Store = (*DB)(nil)

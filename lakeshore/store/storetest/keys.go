@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,61 +217,5 @@ func testTokensListAndRevoke(t *testing.T, e *env) {
 	other := e.open(t)
 	if tok, err := other.TokenByHash(bg, "hash-t2"); err != nil || tok.RevokedAt == nil || !tok.RevokedAt.Equal(at) {
 		t.Fatalf("another store: %+v %v", tok, err)
-	}
-}
-
-func testNoncesAreUsedOnce(t *testing.T, e *env) {
-	db := e.open(t)
-	t0 := time.UnixMilli(1_700_000_000_000).UTC()
-	exp := t0.Add(5 * time.Minute)
-	if fresh, err := db.UseNonce(bg, "k1", "n1", exp, t0); err != nil || !fresh {
-		t.Fatalf("first use: %v %v", fresh, err)
-	}
-	if fresh, err := db.UseNonce(bg, "k1", "n1", exp, t0); err != nil || fresh {
-		t.Fatalf("second use: %v %v", fresh, err)
-	}
-	// Another key may use the same nonce.
-	if fresh, err := db.UseNonce(bg, "k2", "n1", exp, t0); err != nil || !fresh {
-		t.Fatalf("other key: %v %v", fresh, err)
-	}
-	// Another store on the same database sees it (a second replica).
-	other := e.open(t)
-	if fresh, err := other.UseNonce(bg, "k1", "n1", exp, t0); err != nil || fresh {
-		t.Fatalf("on another store: %v %v", fresh, err)
-	}
-	// Racing stores: one of them wins each nonce.
-	stores := []store.Store{db, other}
-	const n = 16
-	var wins atomic.Int64
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			fresh, err := stores[i%2].UseNonce(bg, "k3", "raced", exp, t0)
-			if err != nil {
-				t.Errorf("raced use: %v", err)
-			}
-			if fresh {
-				wins.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	if wins.Load() != 1 {
-		t.Fatalf("%d racing uses of one nonce were fresh", wins.Load())
-	}
-	// Many uses later, expired pairs are purged and live ones kept.
-	late := exp.Add(time.Second)
-	for i := range 300 {
-		if _, err := db.UseNonce(bg, "k4", fmt.Sprint("bulk-", i), late.Add(time.Hour), late); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if fresh, err := db.UseNonce(bg, "k4", "bulk-7", late.Add(time.Hour), late); err != nil || fresh {
-		t.Fatalf("a live nonce was purged: %v %v", fresh, err)
-	}
-	if fresh, err := db.UseNonce(bg, "k1", "n1", late.Add(time.Hour), late); err != nil || !fresh {
-		t.Fatalf("an expired nonce was not purged: %v %v", fresh, err)
 	}
 }

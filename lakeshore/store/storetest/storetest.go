@@ -54,6 +54,7 @@ func Run(t *testing.T, b Backend) {
 		{"EnrollTokenIsConsumedOnce", testEnrollTokenIsConsumedOnce},
 		{"TokensListAndRevoke", testTokensListAndRevoke},
 		{"NoncesAreUsedOnce", testNoncesAreUsedOnce},
+		{"ConcurrentNonceBatches", testConcurrentNonceBatches},
 		{"KeysLifecycle", testKeysLifecycle},
 		{"RebindKeyToRecreatedWorker", testRebindKeyToRecreatedWorker},
 		{"QueueEditsSurviveHelloAndReopen", testQueueEditsSurviveHelloAndReopen},
