@@ -110,6 +110,9 @@ func bindHello(ctx context.Context, tx querier, h store.Hello, id string) error 
 		}
 		return nil
 	}
+	if owner != nil && owner.Live(h.Now) {
+		return fmt.Errorf("worker %s is bound to token %s: %w", id, owner.ID, store.ErrWorkerOwned)
+	}
 	var bound sql.NullString
 	err = tx.QueryRow(ctx, `SELECT worker_id FROM tokens WHERE id = ?`+tx.d.ForUpdate, h.TokenID).Scan(&bound)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -128,9 +131,7 @@ func bindHello(ctx context.Context, tx querier, h store.Hello, id string) error 
 		}
 	}
 	if owner != nil {
-		if owner.Live(h.Now) {
-			return fmt.Errorf("worker %s is bound to token %s: %w", id, owner.ID, store.ErrWorkerOwned)
-		}
+		// Revoked or expired: its worker is taken over.
 		if _, err := tx.Exec(ctx, `UPDATE tokens SET worker_id = NULL WHERE id = ?`, owner.ID); err != nil {
 			return fmt.Errorf("unbind token %s: %w", owner.ID, err)
 		}
