@@ -70,6 +70,7 @@ func (s *Server) adminAuth(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := bearer(r)
 		if !ok || !sameSecret(tok, s.adminToken) {
+			closeUnread(w)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="lakeshore"`)
 			writeJSON(w, http.StatusUnauthorized, operatorapi.Error{Error: "missing or wrong admin token", Field: "authorization"})
 			return
