@@ -83,6 +83,10 @@ const (
 	RejectKeyIDMismatch               = "key_id_mismatch"
 	RejectEnrollSignatureInvalid      = "enroll_signature_invalid"
 	RejectEnrollmentSignatureRequired = "enrollment_signature_required"
+	// The two below are this control plane's: a daemon token is bound to
+	// the worker of its first hello.
+	RejectTokenBound  = "token_bound_elsewhere"
+	RejectWorkerBound = "worker_bound_to_another_token"
 )
 
 // HelloResponse answers a hello. Cursor is where this daemon's first poll

@@ -8,6 +8,10 @@
 // Credentials (the bearer and, when a Signer is set, the request signature)
 // are only ever attached to requests for the control plane's own origin; a
 // server-supplied URL on another host (a presigned download, say) gets none.
+// The one exception is an exec's log sink (PostChunk): the control plane
+// names it as its own callback, which takes output only from the exec's
+// worker, and the protocol attaches the bearer to it wherever it points (a
+// control plane whose public URL is not the one this daemon dials).
 //
 // With a signer, hello carries the public key of the key that signs it and,
 // while that key is not enrolled yet, the one-shot enrollment token as its
@@ -291,6 +295,10 @@ type bearerKey struct{}
 // signerKey carries a per-request signer override in a context.
 type signerKey struct{}
 
+// callbackKey marks a request to a URL the control plane named as its own
+// callback: it carries the credentials whatever its origin.
+type callbackKey struct{}
+
 // poolKey carries the client (connection pool) a request goes through when
 // it is not c.http.
 type poolKey struct{}
@@ -412,13 +420,13 @@ func (c *Client) PostEncoded(ctx context.Context, path string, body []byte) erro
 }
 
 // PostChunk posts raw log bytes to a server-supplied URL (absolute, or a
-// path on the server).
+// path on the server), with the credentials whatever its origin.
 func (c *Client) PostChunk(ctx context.Context, rawURL string, data []byte) error {
 	u, err := c.base.Parse(rawURL)
 	if err != nil {
 		return fmt.Errorf("chunk url %q: %w", rawURL, err)
 	}
-	_, err = c.do(ctx, http.MethodPost, u, OctetStream, data, 0)
+	_, err = c.do(context.WithValue(ctx, callbackKey{}, true), http.MethodPost, u, OctetStream, data, 0)
 	return err
 }
 
@@ -564,7 +572,7 @@ func (c *Client) newRequest(ctx context.Context, method string, u *url.URL, cont
 	if contentType == messages.ContentType || method == http.MethodPost {
 		req.Header.Set("Accept", messages.ContentType)
 	}
-	if !c.sameOrigin(u) {
+	if callback, _ := ctx.Value(callbackKey{}).(bool); !callback && !c.sameOrigin(u) {
 		return req, nil
 	}
 	token := c.token

@@ -151,6 +151,16 @@ func TestCredentialsOnlyForTheServerOrigin(t *testing.T) {
 	if _, err := c.Download(context.Background(), other.URL+"/b/k", 3); err == nil || !strings.Contains(err.Error(), "larger than 3 bytes") {
 		t.Fatalf("limit not enforced: %v", err)
 	}
+	// An exec's log sink is the control plane's own callback, which takes
+	// output only with the exec's worker's credentials, wherever the
+	// control plane says it is.
+	if err := c.PostChunk(context.Background(), other.URL+"/v1/daemon/exec/e1/chunk", []byte("out")); err != nil {
+		t.Fatal(err)
+	}
+	r, _ = so.last()
+	if r.Header.Get("Authorization") != "Bearer tok" || r.Header.Get("X-LS-Signature") == "" {
+		t.Fatalf("a log chunk for the control plane's public URL went without credentials: %v", r.Header)
+	}
 }
 
 func TestStatusErrorsAndRetryable(t *testing.T) {

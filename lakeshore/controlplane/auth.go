@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"nymph/atomicfile"
+	"nymph/identity"
 	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 )
@@ -69,6 +70,7 @@ func (s *Server) adminAuth(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := bearer(r)
 		if !ok || !sameSecret(tok, s.adminToken) {
+			closeUnread(w)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="lakeshore"`)
 			writeJSON(w, http.StatusUnauthorized, operatorapi.Error{Error: "missing or wrong admin token", Field: "authorization"})
 			return
@@ -80,32 +82,56 @@ func (s *Server) adminAuth(next http.HandlerFunc) http.HandlerFunc {
 // daemonPrincipal is who a daemon request authenticated as.
 type daemonPrincipal struct {
 	namespace string
-	tokenID   string // empty for the shared bootstrap token
-	// workerID is the worker of the key that signed the request; empty
-	// for a bearer, which names no worker (the body's worker_id does).
+	tokenID   string // the minted token of a bearer; empty otherwise
+	// workerID is the worker the request may act for: the signing key's,
+	// or the one its bearer is bound to. Empty for a fleet credential,
+	// whose requests name their worker in the body, and for a token that
+	// no hello has bound yet.
 	workerID string
+	// fleet: a fleet token or the shared bootstrap token. Its holders can
+	// act for each other's workers (of its namespace); only a signature
+	// tells daemons sharing one apart.
+	fleet bool
+	// key is the signing key, pending its signature, which needs the
+	// body (finishSignature); both nil for a bearer.
+	key     *store.Key
+	pending *identity.Pending
 }
 
 type daemonHandler func(w http.ResponseWriter, r *http.Request, p daemonPrincipal)
 
-// daemonAuth guards a daemon route: the shared bootstrap token or a minted,
-// unexpired, unrevoked daemon token.
+// daemonAuth guards a daemon route with a bearer alone: the shared
+// bootstrap token or a minted, unexpired, unrevoked daemon token. It runs
+// before the body is read, and a refusal leaves the body unread.
 func (s *Server) daemonAuth(next daemonHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.authenticateDaemon(r)
 		if err != nil {
-			var fe *fieldError
-			if errors.As(err, &fe) {
-				s.log.Info().Str("route", r.URL.Path).Str("remote", r.RemoteAddr).Str("reason", fe.msg).Msg("daemon request refused")
-				w.Header().Set("WWW-Authenticate", `Bearer realm="lakeshore"`)
-			} else {
-				s.log.Error().Err(err).Msg("daemon authentication failed")
-			}
-			writeDaemonError(w, err)
+			closeUnread(w)
+			s.writeBearerError(w, r, err)
 			return
 		}
 		next(w, r, p)
 	}
+}
+
+// writeBearerError answers a bearer authenticateDaemon refused.
+func (s *Server) writeBearerError(w http.ResponseWriter, r *http.Request, err error) {
+	var fe *fieldError
+	if errors.As(err, &fe) {
+		s.log.Info().Str("route", r.URL.Path).Str("remote", r.RemoteAddr).Str("reason", fe.msg).Msg("daemon request refused")
+		w.Header().Set("WWW-Authenticate", `Bearer realm="lakeshore"`)
+	} else {
+		s.log.Error().Err(err).Msg("daemon authentication failed")
+	}
+	writeDaemonError(w, err)
+}
+
+// closeUnread marks an answer given before the request's body was read:
+// the connection is closed after it rather than drained, so a body the
+// server refused is never read, however large.
+func closeUnread(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
 }
 
 func (s *Server) authenticateDaemon(r *http.Request) (daemonPrincipal, error) {
@@ -117,9 +143,9 @@ func (s *Server) authenticateDaemon(r *http.Request) (daemonPrincipal, error) {
 		return daemonPrincipal{}, unauthorized("missing bearer token")
 	}
 	if sameSecret(tok, s.daemonToken) {
-		return daemonPrincipal{namespace: operatorapi.DefaultNamespace}, nil
+		return daemonPrincipal{namespace: operatorapi.DefaultNamespace, fleet: true}, nil
 	}
-	if len(tok) > 512 {
+	if len(tok) > maxBearerLen {
 		return daemonPrincipal{}, unauthorized("unknown token")
 	}
 	t, err := s.st.TokenByHash(r.Context(), hashSecret(tok))
@@ -138,5 +164,9 @@ func (s *Server) authenticateDaemon(r *http.Request) (daemonPrincipal, error) {
 	case t.ExpiresAt != nil && !now.Before(*t.ExpiresAt):
 		return daemonPrincipal{}, unauthorized("token expired")
 	}
-	return daemonPrincipal{namespace: t.Namespace, tokenID: t.ID}, nil
+	p := daemonPrincipal{namespace: t.Namespace, tokenID: t.ID, fleet: t.Fleet}
+	if !t.Fleet {
+		p.workerID = t.WorkerID
+	}
+	return p, nil
 }

@@ -57,7 +57,7 @@ func fakeDaemon(ctx context.Context, url, id, cursor string) {
 		}
 		for _, c := range p.Commands {
 			if ex, ok := messages.DecodeCommand(c).(*messages.Exec); ok {
-				post("/v1/daemon/exec/"+ex.ExecID+"/result", &messages.ExecResult{ExitCode: 0}, "")
+				post("/v1/daemon/exec/"+ex.ExecID+"/result", &messages.ExecResult{ExitCode: 0}, testDaemon)
 			}
 		}
 	}

@@ -23,8 +23,10 @@ var ackChecks = []check{
 // handleAck stores the terminal outcome of a run. A repeat, or an ack for an
 // invocation already finished another way (cancelled, failed as lost), is a
 // no-op, so a daemon retrying a post it could not confirm does no harm; an
-// invocation this control plane never handed out is a 404.
-func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
+// invocation this control plane never handed out is a 404, and so is one
+// handed to another worker than the one the credential acts for (a fleet
+// credential acts for any).
+func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
 	body, err := readBody(w, r, limitAck)
 	if err != nil {
 		writeDaemonError(w, err)
@@ -48,8 +50,13 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, _ daemonPrinc
 	}
 	inv, applied, err := s.st.FinishInvocation(r.Context(), store.Finish{
 		ID: ack.InvocationID, State: ack.State, From: []string{operatorapi.InvocationRunning},
-		Result: result, Error: errJSON, Now: s.now(),
+		WorkerID: p.workerID, Result: result, Error: errJSON, Now: s.now(),
 	})
+	if err == nil && p.workerID != "" && inv.WorkerID != p.workerID {
+		s.log.Info().Str("invocation_id", ack.InvocationID).Str("worker_id", p.workerID).Str("invocation_worker_id", inv.WorkerID).
+			Msg("ack refused: the invocation is not this worker's")
+		err = store.ErrNotFound
+	}
 	if isNotFound(err) {
 		s.log.Info().Str("invocation_id", ack.InvocationID).Str("worker_id", ack.WorkerID).Msg("ack for an unknown invocation")
 		writeDaemonError(w, badField(http.StatusNotFound, "invocation_id", "unknown invocation"))
@@ -95,8 +102,10 @@ func decodeResultChunk(body []byte) (messages.ResultChunk, error) {
 	return c, decodeChecked(body, resultChunkChecks, &c)
 }
 
-// handleResultChunk stores one piece of a streamed invocation result.
-func (s *Server) handleResultChunk(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
+// handleResultChunk stores one piece of a streamed invocation result. A
+// credential that acts for one worker (a key, a bound token) may post
+// pieces of that worker's invocations only (else 404).
+func (s *Server) handleResultChunk(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
 	body, err := readBody(w, r, limitResultChunk)
 	if err != nil {
 		writeDaemonError(w, err)
@@ -107,6 +116,22 @@ func (s *Server) handleResultChunk(w http.ResponseWriter, r *http.Request, _ dae
 		s.log.Info().Err(err).Msg("result chunk refused as malformed")
 		writeDaemonError(w, err)
 		return
+	}
+	if p.workerID != "" {
+		inv, err := s.st.Invocation(r.Context(), p.namespace, c.InvocationID)
+		if err == nil && inv.WorkerID != p.workerID {
+			err = store.ErrNotFound
+		}
+		if isNotFound(err) {
+			s.log.Info().Str("invocation_id", c.InvocationID).Str("worker_id", p.workerID).Msg("result chunk refused: not this worker's invocation")
+			writeDaemonError(w, badField(http.StatusNotFound, "invocation_id", "unknown invocation"))
+			return
+		}
+		if err != nil {
+			s.log.Error().Err(err).Str("invocation_id", c.InvocationID).Msg("result chunk: read the invocation")
+			writeDaemonError(w, err)
+			return
+		}
 	}
 	applied, err := s.st.SaveResultChunk(r.Context(), store.ResultChunk{
 		InvocationID: c.InvocationID, Seq: c.Seq, Data: c.Data, Last: c.Last, ReceivedAt: s.now(),

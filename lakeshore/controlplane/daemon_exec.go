@@ -3,14 +3,20 @@ package controlplane
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 
+	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/store"
 	"nymph/messages"
 )
 
-// The exec result and chunk callbacks carry no bearer: the unguessable
-// exec id in the path is what authenticates them.
+// The exec result and chunk callbacks are accepted only from the worker the
+// exec was delivered to, and only while it runs; authorizeExec decides
+// that from the headers and the exec's row, before a byte of the body is
+// read. The daemon attaches its credential to these posts as to any other
+// (the original one its bearer), so this is the wire as it always was.
 
 var execResultChecks = []check{
 	{path: "exit_code", required: true, kind: kNumber},
@@ -24,13 +30,17 @@ var execResultChecks = []check{
 
 func (s *Server) handleExecResult(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("exec_id")
-	asJSON := false
+	asJSON := isJSON(r.Header.Get("Content-Type"), nil)
 	fail := func(err error) {
 		if asJSON {
 			writeOperatorError(w, err)
 		} else {
 			writeDaemonError(w, err)
 		}
+	}
+	p, ok := s.authorizeExec(w, r, id, "a result is accepted once", fail)
+	if !ok {
+		return
 	}
 	// A body the headers call msgpack gets the msgpack cap; one they call
 	// JSON, or nothing, gets JSON's until it reads as msgpack.
@@ -43,13 +53,12 @@ func (s *Server) handleExecResult(w http.ResponseWriter, r *http.Request) {
 		fail(err)
 		return
 	}
+	if !s.finishSignature(w, r, p, body) {
+		return
+	}
 	asJSON = isJSON(r.Header.Get("Content-Type"), body)
 	if !asJSON && len(body) > limitExecResult {
 		fail(badField(http.StatusRequestEntityTooLarge, "body", "larger than %d bytes", limitExecResult))
-		return
-	}
-	if !validPathID(id) {
-		fail(errUnknownExec)
 		return
 	}
 	res, err := decodeExecResult(body, asJSON)
@@ -65,28 +74,112 @@ func (s *Server) handleExecResult(w http.ResponseWriter, r *http.Request) {
 		fail(badField(http.StatusUnprocessableEntity, "body", "%v", err))
 		return
 	}
-	applied, err := s.st.FinishExec(r.Context(), id, stored, s.now())
-	if isNotFound(err) {
-		fail(errUnknownExec)
-		return
-	}
+	// The state is checked again where the result is stored: the lost
+	// sweep may have finished the exec since authorizeExec read it.
+	err = s.st.FinishRunningExec(r.Context(), id, stored, s.now())
 	if err != nil {
+		if rerr := execStateError(err, "a result is accepted once"); rerr != nil {
+			s.log.Info().Err(err).Str("exec_id", id).Msg("exec result refused")
+			fail(rerr)
+			return
+		}
+		if isNotFound(err) {
+			fail(errUnknownExec)
+			return
+		}
 		s.log.Error().Err(err).Str("exec_id", id).Msg("exec result: store")
 		fail(err)
 		return
 	}
-	if applied {
-		s.wake.broadcast(execKey(id))
-		s.log.Info().Str("exec_id", id).Int32("exit_code", res.ExitCode).Uint64("duration_ms", res.DurationMs).Msg("exec finished")
-	} else {
-		s.log.Debug().Str("exec_id", id).Msg("repeated exec result ignored")
-	}
-	ok := map[string]any{"ok": true, "duplicate": !applied}
+	s.wake.broadcast(execKey(id))
+	s.log.Info().Str("exec_id", id).Int32("exit_code", res.ExitCode).Uint64("duration_ms", res.DurationMs).Msg("exec finished")
+	// duplicate stays in the answer for the clients that read it: a
+	// repeat is a 409 now.
+	answer := map[string]any{"ok": true, "duplicate": false}
 	if asJSON {
-		writeJSON(w, http.StatusOK, ok)
+		writeJSON(w, http.StatusOK, answer)
 	} else {
-		writeMsgpack(w, http.StatusOK, ok)
+		writeMsgpack(w, http.StatusOK, answer)
 	}
+}
+
+// authorizeExec admits a callback about exec id from its headers and the
+// exec's row, before its body is read: a credential (else 401, as on any
+// daemon route), the exec existing in its namespace and delivered to the
+// worker that credential acts for (else 404: whose it is, and whether it
+// exists at all, is nobody else's business), and the exec running (else
+// 409, which the daemon takes as final: queued, it was not delivered; once
+// finished, finished says why nothing more is taken). A key acts for its
+// worker, a bound token for the worker its hello bound it to, a fleet token
+// or the shared bootstrap token for any worker of its namespace, but no
+// bearer for a worker with an enrolled key, whose daemon signs. Anything
+// refused is answered here, the body unread, and changes nothing.
+func (s *Server) authorizeExec(w http.ResponseWriter, r *http.Request, id, finished string, fail func(error)) (daemonPrincipal, bool) {
+	refuse := func(err error) (daemonPrincipal, bool) {
+		closeUnread(w)
+		fail(err)
+		return daemonPrincipal{}, false
+	}
+	if !validPathID(id) {
+		return refuse(errUnknownExec)
+	}
+	p, ok := s.authorizeDaemon(w, r)
+	if !ok {
+		return daemonPrincipal{}, false
+	}
+	ex, err := s.st.Exec(r.Context(), id)
+	if isNotFound(err) || err == nil && ex.Namespace != p.namespace {
+		return refuse(errUnknownExec)
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("exec_id", id).Msg("exec callback: read the exec")
+		return refuse(err)
+	}
+	if !p.fleet && p.workerID != ex.WorkerID {
+		s.log.Info().Str("exec_id", id).Str("route", r.URL.Path).Str("remote", r.RemoteAddr).Str("exec_worker_id", ex.WorkerID).
+			Str("worker_id", p.workerID).Str("token_id", p.tokenID).Msg("exec callback refused: not the exec's worker")
+		return refuse(errUnknownExec)
+	}
+	if p.key == nil {
+		_, err := s.ident.keys.CurrentKey(r.Context(), ex.WorkerID)
+		switch {
+		case err == nil:
+			closeUnread(w)
+			s.refuse(w, r, "unsigned_request_from_enrolled_worker", nil)
+			return daemonPrincipal{}, false
+		case !isNotFound(err):
+			s.log.Error().Err(err).Str("worker_id", ex.WorkerID).Msg("look up the worker's key")
+			return refuse(err)
+		}
+	}
+	if rerr := execStateError(execStateErr(ex.State), finished); rerr != nil {
+		s.log.Info().Str("exec_id", id).Str("route", r.URL.Path).Str("state", ex.State).Msg("exec callback refused: the exec is not running")
+		return refuse(rerr)
+	}
+	return p, true
+}
+
+// execStateErr is the store's refusal of a report for an exec in state.
+func execStateErr(state string) error {
+	switch state {
+	case operatorapi.ExecQueued:
+		return store.ErrExecNotDelivered
+	case operatorapi.ExecFinished:
+		return store.ErrExecFinished
+	}
+	return nil
+}
+
+// execStateError is the 409 for an exec that is not running, nil for any
+// other err; finished says what a finished exec no longer takes.
+func execStateError(err error, finished string) error {
+	switch {
+	case errors.Is(err, store.ErrExecNotDelivered):
+		return badField(http.StatusConflict, "exec_id", "this exec was not delivered to its worker yet")
+	case errors.Is(err, store.ErrExecFinished):
+		return badField(http.StatusConflict, "exec_id", "this exec has finished: %s", finished)
+	}
+	return nil
 }
 
 var errUnknownExec = badField(http.StatusNotFound, "exec_id", "unknown exec")
@@ -133,25 +226,36 @@ func checkExitCode(v messages.Value) error {
 	return nil
 }
 
+// handleExecChunk appends streamed output to a running exec.
 func (s *Server) handleExecChunk(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("exec_id")
-	body, err := readBody(w, r, limitExecChunk)
-	if err != nil {
-		writeDaemonError(w, err)
+	fail := func(err error) { writeDaemonError(w, err) }
+	const finished = "output is taken only while it runs"
+	p, ok := s.authorizeExec(w, r, id, finished, fail)
+	if !ok {
 		return
 	}
-	if !validPathID(id) {
-		writeDaemonError(w, errUnknownExec)
+	body, err := readBody(w, r, limitExecChunk)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if !s.finishSignature(w, r, p, body) {
 		return
 	}
 	total, err := s.st.AppendOutput(r.Context(), id, body)
-	if isNotFound(err) {
-		writeDaemonError(w, errUnknownExec)
-		return
-	}
 	if err != nil {
+		if rerr := execStateError(err, finished); rerr != nil {
+			s.log.Info().Err(err).Str("exec_id", id).Msg("exec chunk refused")
+			fail(rerr)
+			return
+		}
+		if isNotFound(err) {
+			fail(errUnknownExec)
+			return
+		}
 		s.log.Error().Err(err).Str("exec_id", id).Msg("exec chunk: store")
-		writeDaemonError(w, err)
+		fail(err)
 		return
 	}
 	if len(body) > 0 {

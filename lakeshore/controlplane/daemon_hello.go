@@ -74,6 +74,11 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		Incarnation: req.Incarnation,
 		SingleJob:   req.SingleJob,
 		Now:         now,
+		// The token rules: a hello its bearer admitted binds a daemon
+		// token to its worker; a keyed one has no bearer here (p names
+		// neither).
+		TokenID: boundTokenID(p),
+		Fleet:   p.fleet,
 	})
 	if err != nil {
 		s.log.Error().Err(err).Str("machine_id", req.MachineID).Msg("hello: store")
@@ -81,7 +86,7 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		return
 	}
 	if rej != nil {
-		s.helloVerdict(w, r, req, &helloReject{*rej})
+		s.helloVerdict(w, r, &req, &helloReject{*rej})
 		return
 	}
 	s.log.Info().Str("worker_id", wk.ID).Str("machine_id", wk.MachineID).Str("label", wk.Label).
@@ -145,6 +150,15 @@ func versionsJSON(v messages.Value) ([]byte, error) {
 		return []byte("{}"), nil
 	}
 	return b, nil
+}
+
+// boundTokenID is the token a hello made with p binds: a minted daemon
+// token that is not a fleet one.
+func boundTokenID(p daemonPrincipal) string {
+	if p.fleet {
+		return ""
+	}
+	return p.tokenID
 }
 
 // errUnknownWorker is the 404 of daemon routes naming a worker that is not

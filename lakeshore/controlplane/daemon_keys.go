@@ -27,28 +27,32 @@ var keysChecks = []check{
 // of the same rotation, signed by the key it replaced, is therefore
 // answered with the same acceptance as long as the new key is still
 // current; it changes nothing.
+//
+// The signature's headers and its key are checked before the body is read;
+// a refusal leaves the body unread.
 func (s *Server) handleKeys(w http.ResponseWriter, r *http.Request) {
+	if !hasSignature(r) {
+		closeUnread(w)
+		s.refuse(w, r, "unsigned_key_rotation", nil)
+		return
+	}
+	key, found, pending, err := s.beginSigned(r)
+	if errors.Is(err, identity.ErrRevokedKey) && found && key.ReplacedBy != "" {
+		s.repeatRotation(w, r, key, err)
+		return
+	}
+	if err != nil {
+		closeUnread(w)
+		s.refuseSignature(w, r, err)
+		return
+	}
 	body, err := readBody(w, r, limitKeys)
 	if err != nil {
 		writeDaemonError(w, err)
 		return
 	}
-	if !hasSignature(r) {
-		s.refuse(w, r, "unsigned_key_rotation", nil)
-		return
-	}
-	key, found, err := s.verifySigned(r, body)
-	if errors.Is(err, identity.ErrRevokedKey) && found && key.ReplacedBy != "" {
-		s.repeatRotation(w, r, body, key, err)
-		return
-	}
-	if err != nil {
-		if errors.Is(err, identity.ErrUnauthenticated) {
-			s.refuse(w, r, authReason(err), err)
-			return
-		}
-		s.log.Error().Err(err).Msg("keys: verify signature")
-		writeDaemonError(w, err)
+	if _, err := pending.Finish(r.Context(), body); err != nil {
+		s.refuseSignature(w, r, err)
 		return
 	}
 	req, err := parseKeys(body)
@@ -98,8 +102,20 @@ func (s *Server) handleKeys(w http.ResponseWriter, r *http.Request) {
 	writeMsgpack(w, http.StatusOK, &messages.KeysResponse{KeyID: &req.KeyID})
 }
 
-// repeatRotation answers a rotation repeated with the key it retired.
-func (s *Server) repeatRotation(w http.ResponseWriter, r *http.Request, body []byte, old store.Key, verr error) {
+// repeatRotation answers a rotation repeated with the key it retired. Its
+// headers are checked against that key before the body is read.
+func (s *Server) repeatRotation(w http.ResponseWriter, r *http.Request, old store.Key, verr error) {
+	pending, err := s.ident.verifier.BeginWithKey(old.PublicKey, r, s.now())
+	if err != nil {
+		closeUnread(w)
+		s.refuse(w, r, authReason(err), err)
+		return
+	}
+	body, err := readBody(w, r, limitKeys)
+	if err != nil {
+		writeDaemonError(w, err)
+		return
+	}
 	req, err := parseKeys(body)
 	if err != nil || req.KeyID != old.ReplacedBy || req.WorkerID != old.WorkerID {
 		s.refuse(w, r, authReason(verr), verr)
@@ -110,7 +126,7 @@ func (s *Server) repeatRotation(w http.ResponseWriter, r *http.Request, body []b
 		s.refuse(w, r, authReason(verr), verr)
 		return
 	}
-	if _, err := s.ident.verifier.VerifyWithKey(r.Context(), old.PublicKey, r, body, s.now()); err != nil {
+	if _, err := pending.Finish(r.Context(), body); err != nil {
 		s.refuse(w, r, authReason(err), err)
 		return
 	}

@@ -158,11 +158,11 @@ func TestDaemonAuth(t *testing.T) {
 		t.Fatalf("an enrollment token is not a bearer: %d", r.status)
 	}
 	short := mint(operatorapi.TokenRequest{Kind: operatorapi.TokenDaemon, TTLS: 60})
-	if r := e.daemonAs(short.Token, "/v1/daemon/hello", helloReq("m", "l")); r.status != http.StatusOK {
-		t.Fatalf("fresh token: %d", r.status)
+	if r := e.daemonAs(short.Token, "/v1/daemon/hello", helloReq("m2", "l")); r.status != http.StatusOK || decodeMP[messages.HelloResponse](t, r).Reject != nil {
+		t.Fatalf("fresh token: %d %q", r.status, r.body)
 	}
 	e.clock.Advance(61 * time.Second)
-	if r := e.daemonAs(short.Token, "/v1/daemon/hello", helloReq("m", "l")); r.status != http.StatusUnauthorized {
+	if r := e.daemonAs(short.Token, "/v1/daemon/hello", helloReq("m2", "l")); r.status != http.StatusUnauthorized {
 		t.Fatalf("expired token: %d", r.status)
 	}
 	for _, bad := range []operatorapi.TokenRequest{{Kind: "root"}, {Kind: "daemon", TTLS: -1}} {
@@ -420,7 +420,7 @@ func TestExecResultMsgpackAndJSON(t *testing.T) {
 	errText := "stdout truncated"
 	res := &messages.ExecResult{ExitCode: 3, Stdout: "hi\n", Stderr: "oops", DurationMs: 12, Error: &errText}
 	path := "/v1/daemon/exec/" + a.ExecID + "/result"
-	if r := e.do(http.MethodPost, path, messages.ContentType, "", mustMarshal(t, res)); r.status != http.StatusOK {
+	if r := e.do(http.MethodPost, path, messages.ContentType, testDaemon, mustMarshal(t, res)); r.status != http.StatusOK {
 		t.Fatalf("result: %d %q", r.status, r.body)
 	}
 	got := e.getExec(a.ExecID, "")
@@ -428,25 +428,27 @@ func TestExecResultMsgpackAndJSON(t *testing.T) {
 		got.Result.Error == nil || *got.Result.Error != errText || got.WorkerID != id || got.Command != "echo hi" {
 		t.Fatalf("exec %+v result %+v", got, got.Result)
 	}
-	// A repeat (a daemon retrying a post it could not confirm) changes nothing.
+	// A repeat (a daemon retrying a post it could not confirm) is a 409,
+	// which the daemon takes as final, and changes nothing.
 	other := &messages.ExecResult{ExitCode: 99}
-	if r := e.do(http.MethodPost, path, messages.ContentType, "", mustMarshal(t, other)); r.status != http.StatusOK {
-		t.Fatalf("repeat: %d", r.status)
+	if r := e.do(http.MethodPost, path, messages.ContentType, testDaemon, mustMarshal(t, other)); r.status != http.StatusConflict || errField(t, r) != "exec_id" {
+		t.Fatalf("repeat: %d %q", r.status, r.body)
 	}
 	if got := e.getExec(a.ExecID, ""); got.Result.ExitCode != 3 {
 		t.Fatalf("a repeated result overwrote the first: %d", got.Result.ExitCode)
 	}
 
 	b := e.exec(id, operatorapi.ExecRequest{Command: "false"})
+	c := e.exec(id, operatorapi.ExecRequest{Command: "x"})
+	e.poll(id, nil, 0, "")
 	jpath := "/v1/daemon/exec/" + b.ExecID + "/result"
-	if r := e.do(http.MethodPost, jpath, "application/json", "", []byte(`{"exit_code":1,"stdout":"","stderr":"no","duration_ms":4,"error":null}`)); r.status != http.StatusOK {
+	if r := e.do(http.MethodPost, jpath, "application/json", testDaemon, []byte(`{"exit_code":1,"stdout":"","stderr":"no","duration_ms":4,"error":null}`)); r.status != http.StatusOK {
 		t.Fatalf("JSON result: %d %q", r.status, r.body)
 	}
 	if got := e.getExec(b.ExecID, "?wait=5"); got.Result == nil || got.Result.ExitCode != 1 || got.Result.Stderr != "no" {
 		t.Fatalf("JSON result read back %+v", got.Result)
 	}
 
-	c := e.exec(id, operatorapi.ExecRequest{Command: "x"})
 	cpath := "/v1/daemon/exec/" + c.ExecID + "/result"
 	for _, tc := range []struct {
 		ct    string
@@ -460,12 +462,12 @@ func TestExecResultMsgpackAndJSON(t *testing.T) {
 		{messages.ContentType, string(mustMarshal(t, map[string]any{"exit_code": int64(1) << 40})), "exit_code"},
 		{messages.ContentType, "\xc1", "body"},
 	} {
-		r := e.do(http.MethodPost, cpath, tc.ct, "", []byte(tc.body))
+		r := e.do(http.MethodPost, cpath, tc.ct, testDaemon, []byte(tc.body))
 		if r.status < 400 || r.status >= 500 || errField(t, r) != tc.field {
 			t.Fatalf("%s %q: %d %q", tc.ct, tc.body, r.status, r.body)
 		}
 	}
-	if r := e.do(http.MethodPost, "/v1/daemon/exec/"+strings.Repeat("0", 32)+"/result", messages.ContentType, "", mustMarshal(t, res)); r.status != http.StatusNotFound {
+	if r := e.do(http.MethodPost, "/v1/daemon/exec/"+strings.Repeat("0", 32)+"/result", messages.ContentType, testDaemon, mustMarshal(t, res)); r.status != http.StatusNotFound {
 		t.Fatalf("unknown exec: %d", r.status)
 	}
 	if r := e.op(http.MethodGet, "/v1/namespaces/default/execs/"+strings.Repeat("0", 32), nil); r.status != http.StatusNotFound {
@@ -533,7 +535,7 @@ func TestStreamedOutputInOrderAndLongPoll(t *testing.T) {
 		out <- decodeJS[operatorapi.Exec](t, r)
 	}()
 	e.waitParked(execKey(a.ExecID))
-	e.do(http.MethodPost, "/v1/daemon/exec/"+a.ExecID+"/result", messages.ContentType, "", mustMarshal(t, &messages.ExecResult{ExitCode: 0}))
+	e.do(http.MethodPost, "/v1/daemon/exec/"+a.ExecID+"/result", messages.ContentType, testDaemon, mustMarshal(t, &messages.ExecResult{ExitCode: 0}))
 	select {
 	case g := <-out:
 		if g.State != operatorapi.ExecFinished || g.Result == nil || len(g.Output) != 0 {
@@ -542,7 +544,7 @@ func TestStreamedOutputInOrderAndLongPoll(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the exec long-poll was not woken by the result")
 	}
-	if r := e.do(http.MethodPost, "/v1/daemon/exec/"+strings.Repeat("a", 32)+"/chunk", "application/octet-stream", "", []byte("x")); r.status != http.StatusNotFound {
+	if r := e.do(http.MethodPost, "/v1/daemon/exec/"+strings.Repeat("a", 32)+"/chunk", "application/octet-stream", testDaemon, []byte("x")); r.status != http.StatusNotFound {
 		t.Fatalf("chunk for an unknown exec: %d", r.status)
 	}
 	for _, q := range []string{"?wait=abc", "?wait=-1", "?offset=-1", "?offset=x"} {

@@ -13,6 +13,13 @@
 // per-worker or per-exec channel that is closed the instant something it
 // waits for is written, never on a sleep loop.
 //
+// Every route checks its credential from the request's headers before it
+// reads a byte of the body (a daemon's signature headers and stored key, or
+// its bearer; for an exec callback also the exec's worker and state), and
+// answers a refusal with the body unread and the connection closed. A
+// daemon token is bound to the worker of its first hello and acts for that
+// worker only; a fleet token (or the shared bootstrap token) acts for any.
+//
 // Commands are rows with a per-worker sequence number. A poll's cursor
 // acknowledges everything up to it, so a poll answer lost on the way is
 // delivered again; a daemon that sends no cursor gets the legacy

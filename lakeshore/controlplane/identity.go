@@ -82,20 +82,22 @@ func hasSignature(r *http.Request) bool {
 	return false
 }
 
-// verifySigned checks a signed request against its stored key and returns
-// the key row. found reports whether the key id named a stored key, which
-// is also true when the key is revoked (for /keys' retry path).
-func (s *Server) verifySigned(r *http.Request, body []byte) (key store.Key, found bool, err error) {
+// beginSigned checks a signed request's headers and the stored key they
+// name, before its body is read, and returns the key row. found reports
+// whether the key id named a stored key, which is also true when the key
+// is revoked (for /keys' retry path). The signature itself is checked by
+// the Pending's Finish, once the body is read.
+func (s *Server) beginSigned(r *http.Request) (key store.Key, found bool, pending *identity.Pending, err error) {
 	c := &keyCapture{}
 	ctx := context.WithValue(r.Context(), keyCaptureCtx{}, c)
-	kid, err := s.ident.verifier.Verify(ctx, r, body, s.now())
+	pending, err = s.ident.verifier.Begin(ctx, r, s.now())
 	if err != nil {
-		return c.key, c.ok, err
+		return c.key, c.ok, nil, err
 	}
-	if !c.ok || c.key.ID != kid {
-		return store.Key{}, false, fmt.Errorf("key %q verified but its row was not captured", kid)
+	if !c.ok || c.key.ID != pending.KeyID() {
+		return store.Key{}, false, nil, fmt.Errorf("key %q looked up but its row was not captured", pending.KeyID())
 	}
-	return c.key, true, nil
+	return c.key, true, pending, nil
 }
 
 // authReason names why identity refused a request, for the log only.
@@ -150,44 +152,26 @@ func bodyWorkerID(body []byte) string {
 	return strField(m, "worker_id")
 }
 
-// signedAuth guards /v1/daemon/poll, /ack and /event.
+// signedAuth guards the daemon routes that name their worker in the body:
+// /v1/daemon/poll, /ack, /event, /result-chunk and the daemon's presign.
 //
-// With any X-LS-* header the request must verify against a stored,
-// unrevoked key (the body is read once, here, hashed, and handed on), and a
-// worker_id in the body must be that key's worker. Without one it needs a
-// valid bearer, and is refused anyway when the server requires signatures
-// or when the worker it names has an enrolled key — an enrolled daemon does
-// not fall back to the bearer. Every refusal is a 401 whose reason is
-// logged, not sent.
+// Before the body is read (authorizeDaemon): with any X-LS-* header the
+// headers and the stored, unrevoked key they name; without, a valid bearer
+// that a hello has bound to a worker, or a fleet one (a token no hello has
+// bound yet is a 403: a daemon says hello first). Then the body is read
+// under limit, the signature checked against it, and a worker_id in the
+// body must be the one the credential acts for (actsFor).
 func (s *Server) signedAuth(limit int64, next daemonHandler) http.HandlerFunc {
-	bearerOnly := s.daemonAuth(func(w http.ResponseWriter, r *http.Request, p daemonPrincipal) {
-		body, err := readBody(w, r, limit)
-		if err != nil {
-			writeDaemonError(w, err)
-			return
-		}
-		if wid := bodyWorkerID(body); wid != "" {
-			_, err := s.ident.keys.CurrentKey(r.Context(), wid)
-			switch {
-			case err == nil:
-				s.refuse(w, r, "unsigned_request_from_enrolled_worker", nil)
-				return
-			case !isNotFound(err):
-				s.log.Error().Err(err).Str("worker_id", wid).Msg("look up the worker's key")
-				writeDaemonError(w, err)
-				return
-			}
-		}
-		keepBody(r, body)
-		next(w, r, p)
-	})
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !hasSignature(r) {
-			if s.ident.requireSigs {
-				s.refuse(w, r, "signature_required", nil)
-				return
-			}
-			bearerOnly(w, r)
+		p, ok := s.authorizeDaemon(w, r)
+		if !ok {
+			return
+		}
+		if p.key == nil && !p.fleet && p.workerID == "" {
+			closeUnread(w)
+			s.log.Info().Str("route", r.URL.Path).Str("remote", r.RemoteAddr).Str("token_id", p.tokenID).Msg("daemon request refused: token not bound yet")
+			writeDaemonError(w, badField(http.StatusForbidden, "authorization",
+				"this token is not bound to a worker yet: a daemon says hello with it first"))
 			return
 		}
 		body, err := readBody(w, r, limit)
@@ -195,24 +179,119 @@ func (s *Server) signedAuth(limit int64, next daemonHandler) http.HandlerFunc {
 			writeDaemonError(w, err)
 			return
 		}
-		key, _, err := s.verifySigned(r, body)
-		if err != nil {
-			if errors.Is(err, identity.ErrUnauthenticated) {
-				s.refuse(w, r, authReason(err), err)
-				return
-			}
-			s.log.Error().Err(err).Msg("verify a signed daemon request")
-			writeDaemonError(w, err)
-			return
-		}
-		if wid := bodyWorkerID(body); wid != "" && wid != key.WorkerID {
-			s.refuse(w, r, "worker_id_not_the_keys_worker", fmt.Errorf("worker_id %q, key %s belongs to %s", wid, key.ID, key.WorkerID))
+		if !s.finishSignature(w, r, p, body) || !s.actsFor(w, r, p, bodyWorkerID(body)) {
 			return
 		}
 		keepBody(r, body)
-		s.rotateIfOld(r, key)
-		next(w, r, daemonPrincipal{namespace: key.Namespace, workerID: key.WorkerID})
+		if p.key != nil {
+			s.rotateIfOld(r, *p.key)
+		}
+		next(w, r, p)
 	}
+}
+
+// authorizeDaemon checks a daemon request's credential from its headers
+// alone, before its body is read: with any X-LS-* header, the signature
+// headers and the stored, unrevoked key they name; without one, a valid
+// bearer, unless the server requires signatures. A refusal is answered
+// here, the body unread: a 401 whose reason is logged, not sent (or a 503
+// when the store failed).
+func (s *Server) authorizeDaemon(w http.ResponseWriter, r *http.Request) (daemonPrincipal, bool) {
+	if hasSignature(r) {
+		key, _, pending, err := s.beginSigned(r)
+		if err != nil {
+			closeUnread(w)
+			s.refuseSignature(w, r, err)
+			return daemonPrincipal{}, false
+		}
+		return daemonPrincipal{namespace: key.Namespace, workerID: key.WorkerID, key: &key, pending: pending}, true
+	}
+	if s.ident.requireSigs {
+		closeUnread(w)
+		s.refuse(w, r, "signature_required", nil)
+		return daemonPrincipal{}, false
+	}
+	p, err := s.authenticateDaemon(r)
+	if err != nil {
+		closeUnread(w)
+		s.writeBearerError(w, r, err)
+		return daemonPrincipal{}, false
+	}
+	return p, true
+}
+
+// refuseSignature answers a signature the verifier refused (401), or a
+// verification the store failed (503).
+func (s *Server) refuseSignature(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, identity.ErrUnauthenticated) {
+		s.refuse(w, r, authReason(err), err)
+		return
+	}
+	if errors.Is(err, identity.ErrThrottled) {
+		// A key sending faster than any daemon would: its own 429, no
+		// fault of ours.
+		s.log.Info().Err(err).Str("route", r.URL.Path).Str("remote", r.RemoteAddr).Msg("daemon request throttled")
+		writeDaemonError(w, err)
+		return
+	}
+	s.log.Error().Err(err).Msg("verify a signed daemon request")
+	writeDaemonError(w, err)
+}
+
+// finishSignature checks p's signature against the body that was read;
+// a bearer has none to check.
+func (s *Server) finishSignature(w http.ResponseWriter, r *http.Request, p daemonPrincipal, body []byte) bool {
+	if p.pending == nil {
+		return true
+	}
+	if _, err := p.pending.Finish(r.Context(), body); err != nil {
+		s.refuseSignature(w, r, err)
+		return false
+	}
+	return true
+}
+
+// actsFor checks that p may speak for worker wid, named in a body. A key
+// speaks for its worker only (else 401, as before). A bearer bound to a
+// worker speaks for that one only: otherwise poll answers 403, which a
+// daemon never meets (its hello binds its token to the worker it then
+// polls as), and the routes whose posts the daemon keeps and retries on
+// 401 and 403 answer 404, final: a daemon whose worker row was deleted and
+// made again may still hold results addressed to the old one. A fleet
+// credential may name any worker. No bearer speaks for a worker with an
+// enrolled key: an enrolled daemon signs (401).
+func (s *Server) actsFor(w http.ResponseWriter, r *http.Request, p daemonPrincipal, wid string) bool {
+	if wid == "" {
+		return true
+	}
+	if p.key != nil {
+		if wid != p.key.WorkerID {
+			s.refuse(w, r, "worker_id_not_the_keys_worker", fmt.Errorf("worker_id %q, key %s belongs to %s", wid, p.key.ID, p.key.WorkerID))
+			return false
+		}
+		return true
+	}
+	if !p.fleet && wid != p.workerID {
+		status := http.StatusNotFound
+		if r.Pattern == routePoll {
+			status = http.StatusForbidden
+		}
+		s.log.Info().Str("route", r.URL.Path).Str("remote", r.RemoteAddr).Str("token_id", p.tokenID).
+			Str("worker_id", wid).Str("bound_to", p.workerID).Msg("daemon request refused: token bound to another worker")
+		writeDaemonError(w, badField(status, "worker_id", "not the worker this token is bound to"))
+		return false
+	}
+	_, err := s.ident.keys.CurrentKey(r.Context(), wid)
+	switch {
+	case err == nil:
+		s.refuse(w, r, "unsigned_request_from_enrolled_worker", nil)
+		return false
+	case !isNotFound(err):
+		s.log.Error().Err(err).Str("worker_id", wid).Msg("look up the worker's key")
+		writeDaemonError(w, err)
+		return false
+	}
+	return true
 }
 
 // rotateIfOld queues a rotate_key for a key older than the configured

@@ -371,8 +371,12 @@ func TestHelloRejectsEachCode(t *testing.T) {
 		// The enrolled daemon falls back to its bearer.
 		legacy := decodeMP[messages.HelloResponse](t, e.send(e.post("/v1/daemon/hello", testDaemon, mustMP(t, helloReq("m", "l")))))
 		wantReject(t, legacy, messages.RejectEnrollmentSignatureRequired)
-		// With public_key but unsigned.
-		wantReject(t, decodeMP[messages.HelloResponse](t, e.send(e.post("/v1/daemon/hello", "", h.helloBody()))),
+		// With public_key but unsigned: its bearer is checked first (401,
+		// the body unread), then the reject.
+		if r := e.send(e.post("/v1/daemon/hello", "", h.helloBody())); r.status != http.StatusUnauthorized {
+			t.Fatalf("unsigned hello without a bearer: %d %q", r.status, r.body)
+		}
+		wantReject(t, decodeMP[messages.HelloResponse](t, e.send(e.post("/v1/daemon/hello", testDaemon, h.helloBody()))),
 			messages.RejectEnrollmentSignatureRequired)
 		// Another daemon keeps its bearer-only hello.
 		if r := e.send(e.post("/v1/daemon/hello", testDaemon, mustMP(t, helloReq("m", "other")))); decodeMP[messages.HelloResponse](t, r).Reject != nil {

@@ -359,7 +359,7 @@ func TestExecSubmitWithWait(t *testing.T) {
 		t.Fatalf("poll: %v", commandsOf(p))
 	}
 	res := &messages.ExecResult{ExitCode: 0, Stdout: "hi\n", DurationMs: 3}
-	if rr := e.do(http.MethodPost, "/v1/daemon/exec/"+acc.ExecID+"/result", messages.ContentType, "", mustMarshal(t, res)); rr.status != http.StatusOK {
+	if rr := e.do(http.MethodPost, "/v1/daemon/exec/"+acc.ExecID+"/result", messages.ContentType, testDaemon, mustMarshal(t, res)); rr.status != http.StatusOK {
 		t.Fatalf("result: %d", rr.status)
 	}
 	var ex operatorapi.Exec

@@ -109,7 +109,7 @@ func TestReplicasWakeEachOther(t *testing.T) {
 	a.waitParked(execKey(acc.ExecID))
 	start = time.Now()
 	res := mustMarshal(t, &messages.ExecResult{ExitCode: 0, DurationMs: 1})
-	if resp := r.do(http.MethodPost, "/v1/daemon/exec/"+acc.ExecID+"/result", messages.ContentType, "", res); resp.status != http.StatusOK {
+	if resp := r.do(http.MethodPost, "/v1/daemon/exec/"+acc.ExecID+"/result", messages.ContentType, testDaemon, res); resp.status != http.StatusOK {
 		t.Fatalf("result through B: %d %q", resp.status, resp.body)
 	}
 	select {

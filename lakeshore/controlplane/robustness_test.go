@@ -23,8 +23,9 @@ func TestRandomInputNeverFails(t *testing.T) {
 	e.srv.waitCap = 20 * time.Millisecond
 	worker, cursor := e.hello("m", "l")
 	acc := e.exec(worker, operatorapi.ExecRequest{Command: "true"})
-	e.do(http.MethodPost, "/v1/daemon/exec/"+acc.ExecID+"/result", messages.ContentType, "", mustMarshal(t, &messages.ExecResult{}))
 	open := e.exec(worker, operatorapi.ExecRequest{Command: "true", Stream: true})
+	e.poll(worker, nil, 0, "")
+	e.do(http.MethodPost, "/v1/daemon/exec/"+acc.ExecID+"/result", messages.ContentType, testDaemon, mustMarshal(t, &messages.ExecResult{}))
 
 	mp := func(v any) []byte { return mustMarshal(t, v) }
 	js := func(v any) []byte { return mustJSON(t, v) }
@@ -42,11 +43,11 @@ func TestRandomInputNeverFails(t *testing.T) {
 		{"POST", "/v1/daemon/ack", testDaemon, [][]byte{mp(&messages.Ack{InvocationID: "i", State: "failed", Error: &messages.AckError{Type: "T", Message: "m"}})}},
 		{"POST", "/v1/daemon/event", testDaemon, [][]byte{mp(map[string]any{"invocation_id": "i", "kind": "log", "data": "x", "ts": 5})}},
 		{"POST", "/v1/daemon/result-chunk", testDaemon, [][]byte{mp(&messages.ResultChunk{InvocationID: "i", Seq: 3, Data: messages.Bytes("abc")})}},
-		{"POST", "/v1/daemon/exec/" + open.ExecID + "/result", "", [][]byte{
+		{"POST", "/v1/daemon/exec/" + open.ExecID + "/chunk", testDaemon, [][]byte{[]byte("hello\n")}},
+		{"POST", "/v1/daemon/exec/" + open.ExecID + "/result", testDaemon, [][]byte{
 			mp(&messages.ExecResult{ExitCode: 1, Stdout: "o"}), []byte(`{"exit_code":0,"stdout":"x","result_inline":"AAE="}`),
 		}},
-		{"POST", "/v1/daemon/exec/" + open.ExecID + "/chunk", "", [][]byte{[]byte("hello\n")}},
-		{"POST", "/v1/daemon/exec/zz%00/result", "", [][]byte{mp(&messages.ExecResult{})}},
+		{"POST", "/v1/daemon/exec/zz%00/result", testDaemon, [][]byte{mp(&messages.ExecResult{})}},
 	}
 	for _, r := range []string{
 		operatorapi.RouteListWorkers, operatorapi.RouteGetWorker, operatorapi.RouteCleanup, operatorapi.RouteWorkerExec,

@@ -6,6 +6,9 @@ import (
 	"nymph/lakeshore/operatorapi"
 )
 
+// routePoll is the daemon's long-poll; signedAuth tells it apart.
+const routePoll = "POST /v1/daemon/poll"
+
 // routes is the whole HTTP surface in one table: each pattern ("METHOD
 // /path", as http.ServeMux reads it) with its guard wrapped around its
 // handler. A route without a guard authenticates itself, as its comment
@@ -18,13 +21,13 @@ func (s *Server) routes() *http.ServeMux {
 	}{
 		// Daemon routes, msgpack (the protocol spec).
 		{"POST /v1/daemon/hello", s.helloAuth(s.handleHello)},
-		{"POST /v1/daemon/poll", s.signedAuth(limitPoll, s.handlePoll)},
+		{routePoll, s.signedAuth(limitPoll, s.handlePoll)},
 		{"POST /v1/daemon/ack", s.signedAuth(limitAck, s.handleAck)},
 		{"POST /v1/daemon/event", s.signedAuth(limitEvent, s.handleEvent)},
 		// Signed by the key being replaced; handleKeys verifies it.
 		{"POST /v1/daemon/keys", s.handleKeys},
-		{"POST /v1/daemon/result-chunk", s.daemonAuth(s.handleResultChunk)},
-		// The unguessable exec id in the path authenticates these.
+		{"POST /v1/daemon/result-chunk", s.signedAuth(limitResultChunk, s.handleResultChunk)},
+		// Only from the worker the exec was delivered to (authorizeExec).
 		{"POST /v1/daemon/exec/{exec_id}/result", s.handleExecResult},
 		{"POST /v1/daemon/exec/{exec_id}/chunk", s.handleExecChunk},
 

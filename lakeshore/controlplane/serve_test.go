@@ -132,8 +132,8 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	if len(p.Commands) != 1 {
 		t.Fatalf("first poll %v", commandsOf(p))
 	}
-	doCtx(t, ctx, http.MethodPost, a.url+"/v1/daemon/exec/"+done.ExecID+"/chunk", "application/octet-stream", "", []byte("partial "))
-	doCtx(t, ctx, http.MethodPost, a.url+"/v1/daemon/exec/"+done.ExecID+"/result", messages.ContentType, "",
+	doCtx(t, ctx, http.MethodPost, a.url+"/v1/daemon/exec/"+done.ExecID+"/chunk", "application/octet-stream", testDaemon, []byte("partial "))
+	doCtx(t, ctx, http.MethodPost, a.url+"/v1/daemon/exec/"+done.ExecID+"/result", messages.ContentType, testDaemon,
 		mustMarshal(t, &messages.ExecResult{ExitCode: 7, Stdout: "done\n"}))
 	// Queued but never delivered, then delivered but never acknowledged.
 	queued := decodeJS[operatorapi.ExecAccepted](t, opPost(a, base+"/exec", `{"command":"echo later"}`))

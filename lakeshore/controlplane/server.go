@@ -67,7 +67,8 @@ type Config struct {
 	LostAfter time.Duration
 	// RequireSignatures turns away unsigned daemon requests: hellos without
 	// a signature or an enrollment token, and bearer-only requests on the
-	// signature-guarded routes (LAKESHORE_REQUIRE_DAEMON_SIGNATURES=1).
+	// signature-guarded routes and the exec callbacks
+	// (LAKESHORE_REQUIRE_DAEMON_SIGNATURES=1).
 	RequireSignatures bool
 	// KeyRotationMaxAge, when positive, queues rotate_key for a daemon whose
 	// key is older, and is advertised as hello's key_rotation_max_age_s.

@@ -22,7 +22,9 @@ const (
 )
 
 // handleCreateToken mints a token and returns its secret, which is stored
-// only as a sha256 and never shown again.
+// only as a sha256 and never shown again. A daemon token is minted unbound:
+// the first hello made with it binds it to that hello's worker, unless it
+// is a fleet token, which is never bound.
 func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) {
 	var req operatorapi.TokenRequest
 	if err := readJSON(w, r, &req); err != nil {
@@ -53,11 +55,15 @@ func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) {
 	if req.Kind == operatorapi.TokenEnroll && ttl == 0 {
 		ttl = defaultEnrollTTL
 	}
+	if req.Fleet && req.Kind != operatorapi.TokenDaemon {
+		writeOperatorError(w, badField(http.StatusBadRequest, "fleet", "only a daemon token can be a fleet token"))
+		return
+	}
 	now := s.now()
 	secret := newSecret(prefix)
 	t := store.Token{
 		ID: newULID(), Kind: req.Kind, Namespace: operatorapi.DefaultNamespace, Label: req.Label,
-		Hash: hashSecret(secret), CreatedAt: now,
+		Hash: hashSecret(secret), CreatedAt: now, Fleet: req.Fleet,
 	}
 	if ttl > 0 {
 		exp := now.Add(ttl).UTC()
@@ -68,8 +74,8 @@ func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	s.log.Info().Str("token_id", t.ID).Str("kind", t.Kind).Str("label", t.Label).Msg("token minted")
-	writeJSON(w, http.StatusCreated, operatorapi.TokenResponse{Token: secret, ID: t.ID, Kind: req.Kind, ExpiresAt: t.ExpiresAt})
+	s.log.Info().Str("token_id", t.ID).Str("kind", t.Kind).Str("label", t.Label).Bool("fleet", t.Fleet).Msg("token minted")
+	writeJSON(w, http.StatusCreated, operatorapi.TokenResponse{Token: secret, ID: t.ID, Kind: req.Kind, ExpiresAt: t.ExpiresAt, Fleet: t.Fleet})
 }
 
 func (s *Server) handleListTokens(w http.ResponseWriter, r *http.Request) {
@@ -111,7 +117,8 @@ func (s *Server) handleRevokeToken(w http.ResponseWriter, r *http.Request) {
 // tokenInfo is what an operator sees of t at now.
 func tokenInfo(t store.Token, now time.Time) operatorapi.TokenInfo {
 	info := operatorapi.TokenInfo{ID: t.ID, Kind: t.Kind, Label: t.Label, State: operatorapi.TokenActive,
-		CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, ConsumedAt: t.ConsumedAt, RevokedAt: t.RevokedAt}
+		CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, ConsumedAt: t.ConsumedAt, RevokedAt: t.RevokedAt,
+		Fleet: t.Fleet, WorkerID: t.WorkerID}
 	switch {
 	case t.RevokedAt != nil:
 		info.State = operatorapi.TokenRevoked

@@ -213,10 +213,14 @@ const (
 )
 
 // TokenRequest mints a daemon bearer token or a one-shot enrollment token.
+// A daemon token is bound to the worker of the first hello made with it;
+// Fleet mints one that is never bound, for several daemons to share (their
+// holders can act for each other's workers unless daemon identity is on).
 type TokenRequest struct {
 	Kind  string `json:"kind"`
 	TTLS  int64  `json:"ttlS,omitempty"`
 	Label string `json:"label,omitempty"`
+	Fleet bool   `json:"fleet,omitempty"`
 }
 
 // TokenResponse carries the secret once; it is never shown again. ID
@@ -226,6 +230,7 @@ type TokenResponse struct {
 	ID        string     `json:"id"`
 	Kind      string     `json:"kind"`
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	Fleet     bool       `json:"fleet"`
 }
 
 // Token states, derived when a token is read.
@@ -246,6 +251,11 @@ type TokenInfo struct {
 	ExpiresAt  *time.Time `json:"expiresAt,omitempty"`
 	ConsumedAt *time.Time `json:"consumedAt,omitempty"`
 	RevokedAt  *time.Time `json:"revokedAt,omitempty"`
+	// Fleet marks a daemon token that is never bound to a worker.
+	Fleet bool `json:"fleet"`
+	// WorkerID is the worker a daemon token is bound to, "" while no
+	// hello has used it (and always for a fleet or enrollment token).
+	WorkerID string `json:"workerId"`
 }
 
 // TokenList is the body of RouteListTokens, oldest first.

@@ -21,6 +21,26 @@ import (
 // ErrNotFound is returned (wrapped) when a worker, exec or token does not exist.
 var ErrNotFound = errors.New("store: not found")
 
+// Refusals of what a worker reports for an exec that is not running
+// (AppendOutput, FinishRunningExec), wrapped; nothing was stored.
+var (
+	// ErrExecNotDelivered: the exec is queued, not handed to its worker yet.
+	ErrExecNotDelivered = errors.New("store: exec not delivered to its worker yet")
+	// ErrExecFinished: the exec has its result already.
+	ErrExecFinished = errors.New("store: exec already finished")
+)
+
+// Refusals of Hello by the token rules (see Hello.TokenID), wrapped;
+// nothing was written.
+var (
+	// ErrTokenBound: the hello's token is bound to another worker, which
+	// still exists.
+	ErrTokenBound = errors.New("store: token bound to another worker")
+	// ErrWorkerOwned: the worker the hello names is bound to another
+	// token, neither revoked nor expired.
+	ErrWorkerOwned = errors.New("store: worker bound to another token")
+)
+
 // SingleJobError refuses a job (an exec or a run command) for a single-job
 // worker that already has its job: handed over to it (Delivered), or queued
 // for it and not delivered yet. Nothing was stored.
@@ -113,7 +133,11 @@ type NonceUse struct {
 type Workers interface {
 	// Hello creates the worker identified by (Namespace, MachineID, Label)
 	// with id NewID, or refreshes the existing one and returns it unchanged
-	// in identity. created reports which happened. The worker's incarnation
+	// in identity. created reports which happened. The token rules of
+	// Hello.TokenID and Hello.Fleet, and the key of Hello.AddKey or
+	// Hello.RebindKey, are applied in the same transaction: a hello they
+	// refuse (ErrTokenBound, ErrWorkerOwned, ErrKeyExists,
+	// ErrKeyNotCurrent) writes nothing, not even the incarnation. The worker's incarnation
 	// becomes h.Incarnation (also when that is ""): from then on a running
 	// job whose command another non-empty incarnation acknowledged is lost
 	// (LostRestarted, see LostInvocations and LostExecs).
@@ -175,14 +199,21 @@ type Commands interface {
 // Execs holds shell execs, their streamed output and their results.
 type Execs interface {
 	Exec(ctx context.Context, id string) (Exec, error)
-	// AppendOutput appends data to an exec's streamed output and returns the
-	// new total length.
+	// AppendOutput appends data to a running exec's streamed output and
+	// returns the new total length. An exec not running is refused with
+	// ErrExecNotDelivered or ErrExecFinished, its output unchanged.
 	AppendOutput(ctx context.Context, id string, data []byte) (int64, error)
 	// Output returns up to max bytes of streamed output starting at offset.
 	Output(ctx context.Context, id string, offset int64, max int) ([]byte, error)
 	// FinishExec records the result of an exec. A second result for the same
 	// exec changes nothing and reports applied false.
 	FinishExec(ctx context.Context, id string, result []byte, now time.Time) (applied bool, err error)
+	// FinishRunningExec records the result its worker posts for an exec:
+	// only while the exec is running (delivered, not finished), checked
+	// and applied in one transaction, so of a result and the lost sweep's
+	// FinishExec exactly one wins. Otherwise it is ErrExecNotDelivered or
+	// ErrExecFinished and nothing changes.
+	FinishRunningExec(ctx context.Context, id string, result []byte, now time.Time) error
 	// OpenExecs counts queued and running execs per worker of a namespace.
 	OpenExecs(ctx context.Context, namespace string) (map[string]int, error)
 	// LostExecs returns the execs, of every namespace, that will never get
@@ -297,6 +328,32 @@ type Hello struct {
 	// SingleJob is the daemon's single_job: it takes one job at most.
 	SingleJob bool
 	Now       time.Time
+
+	// TokenID is the daemon token the hello came with when that token is
+	// one worker's (not a fleet token): the hello binds the token to its
+	// worker, or is refused with ErrTokenBound when the token is bound to
+	// another worker that still exists (a token whose worker row was
+	// deleted binds again), or with ErrWorkerOwned when the worker is
+	// bound to another token that is neither revoked nor expired (a
+	// worker whose token is, is taken over: that token is unbound).
+	TokenID string
+	// Fleet says the hello came with a fleet credential (a fleet token or
+	// the shared bootstrap token): it is refused with ErrWorkerOwned by a
+	// worker bound to a live token, and binds nothing. With neither TokenID
+	// nor Fleet (a hello its key admitted) bindings are not looked at.
+	Fleet bool
+	// AddKey, when set, becomes the worker's current key (its WorkerID is
+	// filled in), revoking the one it had; a stored key id is ErrKeyExists.
+	AddKey *Key
+	// RebindKey, when set, moves that key to the hello's worker if the
+	// hello's worker is not RebindKey.From (see Keys.RebindKey).
+	RebindKey *KeyRebind
+}
+
+// KeyRebind names a current key and the worker it belongs to.
+type KeyRebind struct {
+	KeyID string
+	From  string
 }
 
 // Poll is what a poll writes.
@@ -379,6 +436,17 @@ type Token struct {
 	ExpiresAt  *time.Time
 	ConsumedAt *time.Time
 	RevokedAt  *time.Time
+	// Fleet marks a daemon token minted for a whole fleet: it is never
+	// bound, so its holders can act for each other's workers.
+	Fleet bool
+	// WorkerID is the worker a daemon token is bound to (by the first
+	// hello made with it), "" while it is not bound.
+	WorkerID string
+}
+
+// Live reports whether the token is neither revoked nor expired at now.
+func (t Token) Live(now time.Time) bool {
+	return t.RevokedAt == nil && (t.ExpiresAt == nil || now.Before(*t.ExpiresAt))
 }
 
 // Ack is the terminal outcome of one invocation. Error is a JSON object or nil.

@@ -37,12 +37,17 @@ func (db *DB) AppendOutput(ctx context.Context, id string, data []byte) (int64, 
 	var total int64
 	err := db.tx(ctx, func(tx querier) error {
 		// The row lock orders appends from concurrent requests: each chunk
-		// starts where the previous one ended.
-		err := tx.QueryRow(ctx, `SELECT output_len FROM execs WHERE id = ?`+tx.d.ForUpdate, id).Scan(&total)
+		// starts where the previous one ended. It also orders them with
+		// the result, so no chunk lands after it.
+		var state string
+		err := tx.QueryRow(ctx, `SELECT output_len, state FROM execs WHERE id = ?`+tx.d.ForUpdate, id).Scan(&total, &state)
 		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("exec", id)
 		}
 		if err != nil {
+			return err
+		}
+		if err := execRunning(state); err != nil {
 			return err
 		}
 		if len(data) == 0 {
@@ -121,6 +126,43 @@ func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time
 		return false, fmt.Errorf("finish exec %s: %w", id, err)
 	}
 	return applied, nil
+}
+
+// FinishRunningExec implements store.Execs.
+func (db *DB) FinishRunningExec(ctx context.Context, id string, result []byte, now time.Time) error {
+	err := db.tx(ctx, func(tx querier) error {
+		var state string
+		err := tx.QueryRow(ctx, `SELECT state FROM execs WHERE id = ?`+tx.d.ForUpdate, id).Scan(&state)
+		if errors.Is(err, sql.ErrNoRows) {
+			return notFound("exec", id)
+		}
+		if err != nil {
+			return err
+		}
+		if err := execRunning(state); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE execs SET state = ?, result = ?, finished_at = ? WHERE id = ?`,
+			operatorapi.ExecFinished, nonNilBytes(result), ms(now), id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("finish exec %s: %w", id, err)
+	}
+	return nil
+}
+
+// execRunning refuses a report for an exec in state that is not running.
+func execRunning(state string) error {
+	switch state {
+	case operatorapi.ExecRunning:
+		return nil
+	case operatorapi.ExecQueued:
+		return store.ErrExecNotDelivered
+	case operatorapi.ExecFinished:
+		return store.ErrExecFinished
+	}
+	return fmt.Errorf("exec in unknown state %q", state)
 }
 
 // OpenExecs implements store.Execs.

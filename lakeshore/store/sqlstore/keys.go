@@ -141,21 +141,40 @@ func insertKey(ctx context.Context, tx querier, k store.Key) error {
 
 // AddKey implements store.Keys.
 func (db *DB) AddKey(ctx context.Context, k store.Key) error {
-	err := db.tx(ctx, func(tx querier) error {
-		if err := lockWorkerKeys(ctx, tx, k.WorkerID); err != nil {
-			return err
-		}
-		if err := keyExists(ctx, tx, k.ID); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE daemon_keys SET revoked_at = ? WHERE worker_id = ? AND revoked_at IS NULL`,
-			ms(k.CreatedAt), k.WorkerID); err != nil {
-			return err
-		}
-		return insertKey(ctx, tx, k)
-	})
+	err := db.tx(ctx, func(tx querier) error { return addKey(ctx, tx, k) })
 	if err != nil {
 		return fmt.Errorf("add key %s: %w", k.ID, err)
+	}
+	return nil
+}
+
+func addKey(ctx context.Context, tx querier, k store.Key) error {
+	if err := lockWorkerKeys(ctx, tx, k.WorkerID); err != nil {
+		return err
+	}
+	if err := keyExists(ctx, tx, k.ID); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE daemon_keys SET revoked_at = ? WHERE worker_id = ? AND revoked_at IS NULL`,
+		ms(k.CreatedAt), k.WorkerID); err != nil {
+		return err
+	}
+	return insertKey(ctx, tx, k)
+}
+
+// helloKey applies Hello.AddKey or Hello.RebindKey to the hello's worker id.
+func helloKey(ctx context.Context, tx querier, h store.Hello, id string) error {
+	if k := h.AddKey; k != nil {
+		key := *k
+		key.WorkerID = id
+		if err := addKey(ctx, tx, key); err != nil {
+			return fmt.Errorf("add key %s: %w", key.ID, err)
+		}
+	}
+	if rb := h.RebindKey; rb != nil && rb.From != id {
+		if err := rebindKey(ctx, tx, rb.KeyID, rb.From, id); err != nil {
+			return fmt.Errorf("move key %s from worker %s to %s: %w", rb.KeyID, rb.From, id, err)
+		}
 	}
 	return nil
 }
@@ -216,28 +235,30 @@ func (db *DB) RevokeKey(ctx context.Context, workerID, keyID string, now time.Ti
 
 // RebindKey implements store.Keys.
 func (db *DB) RebindKey(ctx context.Context, keyID, from, to string) error {
-	err := db.tx(ctx, func(tx querier) error {
-		if err := lockWorkerKeys(ctx, tx, from, to); err != nil {
-			return err
-		}
-		var taken bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM daemon_keys WHERE worker_id = ? AND revoked_at IS NULL)`, to).Scan(&taken); err != nil {
-			return err
-		}
-		if taken {
-			return store.ErrKeyNotCurrent
-		}
-		n, err := tx.affected(ctx, `UPDATE daemon_keys SET worker_id = ? WHERE key_id = ? AND worker_id = ? AND revoked_at IS NULL`, to, keyID, from)
-		if err != nil {
-			return err
-		}
-		if n != 1 {
-			return store.ErrKeyNotCurrent
-		}
-		return nil
-	})
+	err := db.tx(ctx, func(tx querier) error { return rebindKey(ctx, tx, keyID, from, to) })
 	if err != nil {
 		return fmt.Errorf("move key %s from worker %s to %s: %w", keyID, from, to, err)
+	}
+	return nil
+}
+
+func rebindKey(ctx context.Context, tx querier, keyID, from, to string) error {
+	if err := lockWorkerKeys(ctx, tx, from, to); err != nil {
+		return err
+	}
+	var taken bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM daemon_keys WHERE worker_id = ? AND revoked_at IS NULL)`, to).Scan(&taken); err != nil {
+		return err
+	}
+	if taken {
+		return store.ErrKeyNotCurrent
+	}
+	n, err := tx.affected(ctx, `UPDATE daemon_keys SET worker_id = ? WHERE key_id = ? AND worker_id = ? AND revoked_at IS NULL`, to, keyID, from)
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return store.ErrKeyNotCurrent
 	}
 	return nil
 }

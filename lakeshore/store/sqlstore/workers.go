@@ -178,6 +178,14 @@ func (db *DB) Hello(ctx context.Context, h store.Hello) (store.Worker, bool, err
 				return err
 			}
 		}
+		// What refuses the hello comes last: its error rolls back the
+		// row written above, incarnation and all.
+		if err := bindHello(ctx, tx, h, id); err != nil {
+			return err
+		}
+		if err := helloKey(ctx, tx, h, id); err != nil {
+			return err
+		}
 		out, err = getWorker(ctx, tx, "", id)
 		return err
 	})

@@ -1,6 +1,6 @@
 // Package storetest is the one conformance suite every store.Store passes:
 // what each method promises (the cursor, redelivery, claims guarded by
-// state, one job for a single-job worker, one-shot tokens, key rotation, idempotent reports, durability
+// state, one job for a single-job worker, one-shot tokens, tokens bound to workers, key rotation, idempotent reports, durability
 // across a reopen), and, on a backend several replicas share, that those
 // promises hold when the replicas race each other.
 //
@@ -72,6 +72,10 @@ func Run(t *testing.T, b Backend) {
 		{"ConcurrentRotationsFromOneKey", testConcurrentRotationsFromOneKey},
 		{"ConcurrentJobsForASingleJobWorker", testConcurrentJobsForASingleJobWorker},
 		{"ReadyWhileOpen", testReadyWhileOpen},
+		{"TokenBindsToItsFirstWorker", testTokenBindsToItsFirstWorker},
+		{"RefusedKeyHelloWritesNothing", testRefusedKeyHelloWritesNothing},
+		{"ExecReportsOnlyWhileRunning", testExecReportsOnlyWhileRunning},
+		{"ConcurrentHellosBindATokenOnce", testConcurrentHellosBindATokenOnce},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
