@@ -75,8 +75,13 @@ it, stops reporting it, is removed, or has not been seen for --lost-after
 (default ` + controlplane.DefaultLostAfter.String() + `, and no less than the minute after which a daemon
 reads back stale). A real outcome the daemon posts later changes nothing.
 
-Daemons authenticate with tokens from 'lakeshore token create', or with the
-shared bootstrap token --daemon-token / $LAKESHORE_DAEMON_TOKEN.
+Daemons authenticate with tokens from 'lakeshore token create' (each bound to
+the daemon whose hello first uses it), or with the shared bootstrap token
+--daemon-token / $LAKESHORE_DAEMON_TOKEN, which, like a 'token create --fleet'
+token, any number of daemons share: its holders can act for each other unless
+daemon identity is on. Nothing of a daemon request is read before its
+credential is checked, and signed requests are refused when replayed, also
+after a restart; one key sending more than --daemon-key-rate is answered 429.
 --public-url is the URL daemons are told to use (default: the listen address).
 --tls-cert and --tls-key serve HTTPS; a CLI then trusts a private CA through
 --ca-file or $LAKESHORE_CA_FILE. --require-daemon-signatures (or
