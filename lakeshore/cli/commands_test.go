@@ -273,7 +273,7 @@ func TestExecErrorsExit125(t *testing.T) {
 	}
 }
 
-func TestQueueExecAndPicker(t *testing.T) {
+func TestQueueExec(t *testing.T) {
 	f := newFakeCP(t, fleet()...)
 	f.steps = []step{{out: "x\n", finish: true}}
 	r := f.run(t, runOpts{}, "exec", "--queue", "gpu", "uname", "-a")
@@ -284,20 +284,6 @@ func TestQueueExecAndPicker(t *testing.T) {
 		t.Fatalf("queue exec request = %+v at %s", req, f.execPaths[0])
 	}
 
-	// Active daemons, sorted: fleet-00, gpu-rig-1, gpu-rig-2. A bad answer
-	// is asked again.
-	f.steps = []step{{finish: true}}
-	r = f.run(t, runOpts{stdinTTY: true, stdin: "9\n3\n"}, "exec", "hostname")
-	if r.code != 0 || !strings.Contains(r.stderr, "Pick a daemon") || !strings.Contains(r.stderr, "not a number between 1 and 3") {
-		t.Fatalf("picker: %+v", r)
-	}
-	if f.execPaths[1] != "/v1/namespaces/default/workers/aaaa000000000000000000a2/exec" {
-		t.Fatalf("picked %s", f.execPaths[1])
-	}
-	r = f.run(t, runOpts{stdinTTY: true, stdin: ""}, "exec", "hostname")
-	if r.code != cli.ExitExecCLIFailed || !strings.Contains(r.stderr, "no daemon chosen") {
-		t.Fatalf("picker EOF: %+v", r)
-	}
 }
 
 func TestExecStdin(t *testing.T) {

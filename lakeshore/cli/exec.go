@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -182,8 +181,10 @@ func (a *app) queueExecCmd() *cobra.Command {
 		Short: "Run a shell command on a daemon picked by queue, or from a list",
 		Long: `Run a shell command on some daemon. With --queue the control plane routes it to
 an eligible member of that queue (active, not stale). Without --queue, on a
-terminal, lakeshore lists the active daemons and asks for a number; without a
-terminal that is an error.
+terminal, lakeshore lists the active daemons to choose from: type to filter
+(every word must appear in the label, id, queues or tags), move with the
+arrow keys, Enter runs the command there; Ctrl-C cancels (exit 130), as does
+Esc (exit 125). Without a terminal that is an error.
 
 Flags come first; everything after them is the remote command. Otherwise
 this is 'lakeshore daemon exec' (see its help for streaming and --json).
@@ -232,7 +233,8 @@ this is 'lakeshore daemon exec' (see its help for streaming and --json).
 	return cmd
 }
 
-// pickDaemon lists the active daemons on stderr and reads a number.
+// pickDaemon lets the operator choose one of the active daemons on the
+// terminal.
 func (a *app) pickDaemon(ctx context.Context, c *opclient.Client) (operatorapi.Worker, error) {
 	ws, err := c.ListWorkers(ctx)
 	if err != nil {
@@ -247,35 +249,7 @@ func (a *app) pickDaemon(ctx context.Context, c *opclient.Client) (operatorapi.W
 	if len(active) == 0 {
 		return operatorapi.Worker{}, fmt.Errorf("no active daemon in namespace %q to pick from", c.Namespace())
 	}
-	return pick(a.env.Stdin, a.env.Stderr, active)
-}
-
-// pick shows a numbered list of workers and reads a choice; three bad
-// answers or end of input give up.
-func pick(in io.Reader, out io.Writer, ws []operatorapi.Worker) (operatorapi.Worker, error) {
-	fmt.Fprintln(out, "Pick a daemon:")
-	tw := newTable(out)
-	for i, w := range ws {
-		fmt.Fprintf(tw, "  %d)\t%s\t%s\tqueues: %s\n", i+1, orDash(w.Label), w.ID, joinOrDash(w.Queues))
-	}
-	_ = tw.Flush()
-	r := bufio.NewReader(in)
-	for attempt := 0; attempt < 3; attempt++ {
-		fmt.Fprintf(out, "number [1-%d]: ", len(ws))
-		line, err := r.ReadString('\n')
-		s := strings.TrimSpace(line)
-		if n, convErr := strconv.Atoi(s); convErr == nil && n >= 1 && n <= len(ws) {
-			return ws[n-1], nil
-		}
-		if err != nil {
-			fmt.Fprintln(out)
-			return operatorapi.Worker{}, errors.New("no daemon chosen")
-		}
-		if s != "" {
-			fmt.Fprintf(out, "%q is not a number between 1 and %d\n", s, len(ws))
-		}
-	}
-	return operatorapi.Worker{}, errors.New("no daemon chosen")
+	return pick(ctx, a.env.Stdin, a.env.Stderr, active)
 }
 
 // runExec submits an exec, follows it to its end and turns the remote exit
