@@ -318,6 +318,7 @@ type runOpts struct {
 	env       map[string]string
 	ctx       context.Context
 	stdout    io.Writer // extra sink, e.g. to cancel on first output
+	procName  string    // the program name daemon status and stop look for
 }
 
 // adminEnv points the CLI at url with the admin token and a credentials
@@ -353,6 +354,10 @@ func runCLI(t *testing.T, o runOpts, env map[string]string, args ...string) resu
 		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 	}
+	procName := o.procName
+	if procName == "" {
+		procName = "no-such-daemon-name-for-tests"
+	}
 	code := cli.Main(ctx, args, cli.Env{
 		Stdin:     strings.NewReader(o.stdin),
 		Stdout:    out,
@@ -361,7 +366,7 @@ func runCLI(t *testing.T, o runOpts, env map[string]string, args ...string) resu
 		StdinTTY:  o.stdinTTY,
 		StderrTTY: o.stderrTTY,
 		Now:       time.Now,
-		Procs:     localdaemon.Scanner{Name: "no-such-daemon-name-for-tests"},
+		Procs:     localdaemon.Scanner{Name: procName},
 	})
 	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
 }

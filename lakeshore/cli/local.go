@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/user"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,18 +74,20 @@ configPath, startedAt}]}.`,
 
 func (a *app) daemonStopCmd() *cobra.Command {
 	var timeout float64
-	var force, jsonOut bool
+	var force, jsonOut, all bool
 	cmd := &cobra.Command{
 		Use:   "stop [PID...]",
 		Short: "Stop the nymph daemons running on this machine",
-		Long: `Send SIGTERM to the nymph processes on this machine (all of them, or the PIDs
-given) and wait up to --timeout seconds for each to finish its running jobs
-and exit. With --force a process still there after the timeout gets SIGKILL;
+		Long: `Send SIGTERM to the nymph processes on this machine (yours, those of every
+user with --all, or the PIDs given) and wait up to --timeout seconds for each
+to finish its running jobs and exit. Without --all, nymphs running as other
+users are left alone and listed on stderr. With --force a process still there after the timeout gets SIGKILL;
 without it lakeshore reports it and exits 1. Nothing to stop is not an error.
 
 This stops processes only; the worker rows stay on the control plane (see
 'lakeshore daemon kill'). --json prints [{pid, signal, stopped, tookNs}].`,
 		Example: `  lakeshore daemon stop
+  sudo lakeshore daemon stop --all
   lakeshore daemon stop --timeout 60 --force
   lakeshore daemon stop 12345`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -91,6 +95,9 @@ This stops processes only; the worker rows stay on the control plane (see
 				if n, err := strconv.Atoi(s); err != nil || n <= 0 {
 					return usagef("%q is not a process id", s)
 				}
+			}
+			if all && len(args) > 0 {
+				return usagef("--all stops every nymph; give it or PIDs, not both")
 			}
 			return nil
 		},
@@ -107,8 +114,19 @@ This stops processes only; the worker rows stay on the control plane (see
 			if err != nil {
 				return err
 			}
+			if len(args) == 0 && !all {
+				var others []localdaemon.Process
+				ps, others = ownProcesses(ps, os.Getuid())
+				if len(others) > 0 {
+					defer a.noteOthersLeft(others)
+				}
+			}
 			if len(ps) == 0 {
-				fmt.Fprintln(a.env.Stderr, "lakeshore: no nymph running on this machine; nothing to stop")
+				whose := ""
+				if len(args) == 0 && !all {
+					whose = " of yours"
+				}
+				fmt.Fprintf(a.env.Stderr, "lakeshore: no nymph%s running on this machine; nothing to stop\n", whose)
 				if jsonOut {
 					return writeJSON(a.env.Stdout, []localdaemon.StopResult{})
 				}
@@ -126,6 +144,7 @@ This stops processes only; the worker rows stay on the control plane (see
 	}
 	cmd.Flags().Float64Var(&timeout, "timeout", defaultStopTimeout.Seconds(), "seconds to wait for each daemon to exit after SIGTERM")
 	cmd.Flags().BoolVar(&force, "force", false, "SIGKILL a daemon still running after --timeout")
+	cmd.Flags().BoolVar(&all, "all", false, "stop the nymphs of every user, not only yours")
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd
 }
@@ -148,6 +167,32 @@ func selectPIDs(ps []localdaemon.Process, args []string) ([]localdaemon.Process,
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// ownProcesses splits ps into those running as uid and the others.
+func ownProcesses(ps []localdaemon.Process, uid int) (own, others []localdaemon.Process) {
+	for _, p := range ps {
+		if p.UID == uid {
+			own = append(own, p)
+		} else {
+			others = append(others, p)
+		}
+	}
+	return own, others
+}
+
+// noteOthersLeft says which nymphs of other users `daemon stop` left
+// running, and how to stop them too.
+func (a *app) noteOthersLeft(others []localdaemon.Process) {
+	var names []string
+	for _, p := range others {
+		who := strconv.Itoa(p.UID)
+		if u, err := user.LookupId(who); err == nil {
+			who = u.Username
+		}
+		names = append(names, fmt.Sprintf("pid %d (user %s)", p.PID, who))
+	}
+	fmt.Fprintf(a.env.Stderr, "lakeshore: left running, not yours: %s; --all stops them too\n", strings.Join(names, ", "))
 }
 
 // stopAll stops every process in parallel, so the total wait is one
