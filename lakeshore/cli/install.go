@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,7 +31,8 @@ import (
 
 // InstallResult is what `daemon install --json` prints. WorkerID is null
 // when the install did not wait (--no-wait) or the daemon never registered;
-// JobID is set under --slurm, PID otherwise.
+// JobID is set under --slurm, PID otherwise. StopCommand is the shell
+// command that stops the daemon, with the ssh options the install used.
 type InstallResult struct {
 	LaunchID     string  `json:"launchId"`
 	Label        string  `json:"label"`
@@ -39,9 +41,10 @@ type InstallResult struct {
 	LaunchDir    string  `json:"launchDir"`
 	LogPath      string  `json:"logPath"`
 	ConfigPath   string  `json:"configPath"`
-	PID          string  `json:"pid,omitempty"`
+	PID          int     `json:"pid,omitempty"`
 	JobID        string  `json:"jobId,omitempty"`
 	NymphVersion string  `json:"nymphVersion"`
+	StopCommand  string  `json:"stopCommand"`
 }
 
 // Copy methods of --copy.
@@ -402,15 +405,22 @@ func (a *app) install(ctx context.Context, cmd *cobra.Command, alias string, f *
 	if !keep {
 		return fmt.Errorf("on %s: the start script reported neither a pid nor a job id:\n%s", alias, out)
 	}
+	pid := 0
+	if fields["pid"] != "" {
+		if pid, err = strconv.Atoi(fields["pid"]); err != nil || pid <= 0 {
+			return fmt.Errorf("on %s: the start script reported pid %q, not a process id (see %s there)", alias, fields["pid"], layout.Dir)
+		}
+	}
 	prog.Stop()
 
 	res := InstallResult{
 		LaunchID: launchID, Label: label, Alias: alias, LaunchDir: layout.Dir,
 		LogPath: layout.Log(), ConfigPath: layout.Config(),
-		PID: fields["pid"], JobID: fields["job"], NymphVersion: fields["version"],
+		PID: pid, JobID: fields["job"], NymphVersion: fields["version"],
+		StopCommand: remoteinstall.StopHint(ssh.command(), layout, fields["job"], plan.env),
 	}
 	if !f.jsonOut {
-		a.printInstall(res, layout)
+		a.printInstall(res)
 	}
 	if f.noWait {
 		if f.jsonOut {
@@ -433,7 +443,7 @@ func (a *app) install(ctx context.Context, cmd *cobra.Command, alias string, f *
 	return werr
 }
 
-func (a *app) printInstall(r InstallResult, l remoteinstall.Layout) {
+func (a *app) printInstall(r InstallResult) {
 	tw := newTable(a.env.Stdout)
 	fmt.Fprintf(tw, "launch:\t%s\n", r.LaunchID)
 	fmt.Fprintf(tw, "label:\t%s\n", r.Label)
@@ -443,9 +453,9 @@ func (a *app) printInstall(r InstallResult, l remoteinstall.Layout) {
 	if r.JobID != "" {
 		fmt.Fprintf(tw, "slurm job:\t%s (%s)\n", r.JobID, remoteinstall.JobName(r.LaunchID))
 	} else {
-		fmt.Fprintf(tw, "pid:\t%s\n", r.PID)
+		fmt.Fprintf(tw, "pid:\t%d\n", r.PID)
 	}
-	fmt.Fprintf(tw, "stop:\t%s\n", remoteinstall.StopHint(r.Alias, l, r.JobID))
+	fmt.Fprintf(tw, "stop:\t%s\n", r.StopCommand)
 	_ = tw.Flush()
 }
 
@@ -655,6 +665,16 @@ func (s sshRunner) args(remote ...string) []string {
 		args = append(args, "-F", s.config)
 	}
 	return append(append(args, "--", s.alias), remote...)
+}
+
+// command is the ssh command line that reaches the host, as an operator
+// would type it: the program, -F, the alias.
+func (s sshRunner) command() []string {
+	cmd := []string{s.bin}
+	if s.config != "" {
+		cmd = append(cmd, "-F", s.config)
+	}
+	return append(cmd, s.alias)
 }
 
 // run executes remote (one string the remote shell parses) with stdin.

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -191,8 +192,14 @@ func testInstallCopiesConfiguresStartsAndWaits(t *testing.T, nymph string) {
 			dir := filepath.Join(h.home, "my dir", "it's", res.LaunchID)
 			if len(res.LaunchID) != 26 || res.Label != "gpu-"+res.LaunchID || res.LaunchDir != dir ||
 				res.ConfigPath != filepath.Join(dir, "nymph.toml") || res.LogPath != filepath.Join(dir, "nymph.log") ||
-				res.WorkerID == nil || res.PID == "" || res.JobID != "" || res.Alias != "gpu-box" || res.NymphVersion != "nymph 9.9.9-fake (protocol 1)" {
+				res.WorkerID == nil || res.PID <= 0 || res.JobID != "" || res.Alias != "gpu-box" || res.NymphVersion != "nymph 9.9.9-fake (protocol 1)" {
 				t.Fatalf("result %+v", res)
+			}
+			if want := remoteinstall.Quote(h.ssh) + " -F /dev/null gpu-box 'kill $(cat "; !strings.HasPrefix(res.StopCommand, want) {
+				t.Fatalf("stopCommand %q, want it to start %q", res.StopCommand, want)
+			}
+			if !strings.Contains(r.stdout, fmt.Sprintf(`"pid": %d,`, res.PID)) {
+				t.Fatalf("pid is not a JSON number:\n%s", r.stdout)
 			}
 			if len(f.tokens) != 1 || f.tokens[0].Kind != operatorapi.TokenDaemon || f.tokens[0].Label != res.Label {
 				t.Fatalf("tokens minted: %+v", f.tokens)
@@ -242,14 +249,32 @@ func testInstallCopiesConfiguresStartsAndWaits(t *testing.T, nymph string) {
 func testInstallTextOutputAndNoWait(t *testing.T, nymph string) {
 	f := newInstallCP(t)
 	h := newFakeHost(t)
-	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "--binary", nymph, "--no-wait")
+	r := f.run(t, runOpts{}, "daemon", "install", "box", "--ssh", h.ssh, "-F", "/dev/null", "--binary", nymph, "--no-wait")
 	if r.code != 0 {
 		t.Fatalf("install: %+v", r)
 	}
-	for _, s := range []string{"launch:", "label:", "box-", "config:", "nymph.toml (on box)", "log:", "nymph.log (on box)", "pid:", "stop:", "ssh box 'kill $(cat "} {
+	for _, s := range []string{"launch:", "label:", "box-", "config:", "nymph.toml (on box)", "log:", "nymph.log (on box)", "pid:", "stop:"} {
 		if !strings.Contains(r.stdout, s) {
 			t.Errorf("output lacks %q:\n%s", s, r.stdout)
 		}
+	}
+	// The stop line is a command that works as printed: the same ssh
+	// program and -F reach the same host (the stand-in daemon has exited,
+	// so its kill finds no process; the stand-in ssh logs the call).
+	var stop string
+	for _, line := range strings.Split(r.stdout, "\n") {
+		if rest, ok := strings.CutPrefix(line, "stop:"); ok {
+			stop = strings.TrimSpace(rest)
+		}
+	}
+	if want := remoteinstall.Quote(h.ssh) + " -F /dev/null box 'kill $(cat "; !strings.HasPrefix(stop, want) {
+		t.Fatalf("stop line %q, want it to start %q", stop, want)
+	}
+	before, _ := os.ReadFile(h.log)
+	out, _ := exec.Command("sh", "-c", stop).CombinedOutput()
+	after, _ := os.ReadFile(h.log)
+	if got := strings.TrimPrefix(string(after), string(before)); !strings.HasPrefix(got, "box kill $(cat ") || !strings.Contains(got, "nymph.pid") {
+		t.Fatalf("the stop line did not reach the host as printed: ssh log %q, output %q", got, out)
 	}
 	if strings.Contains(r.stdout, "registered") {
 		t.Errorf("--no-wait waited:\n%s", r.stdout)

@@ -464,10 +464,19 @@ func RemoveScript(l Layout) string {
 	return "rm -rf -- " + Quote(l.Dir) + "\n"
 }
 
-// StopHint is a command an operator can paste to stop the daemon.
-func StopHint(alias string, l Layout, jobID string) string {
+// StopHint is a command an operator can paste to stop the daemon. ssh is
+// the ssh command line that reached the host, up to and including its
+// alias (the program, -F and any other option the install used); env is
+// what the install exported on the host, which scancel may need as sbatch
+// did (PATH, SLURM_CONF).
+func StopHint(ssh []string, l Layout, jobID string, env [][2]string) string {
+	remote := "kill $(cat " + Quote(l.PIDFile()) + ")"
 	if jobID != "" {
-		return fmt.Sprintf("ssh %s scancel %s", Quote(alias), Quote(jobID))
+		var b strings.Builder
+		for _, kv := range env {
+			fmt.Fprintf(&b, "export %s=%s; ", kv[0], Quote(kv[1]))
+		}
+		remote = b.String() + "scancel " + Quote(jobID)
 	}
-	return fmt.Sprintf("ssh %s %s", Quote(alias), Quote("kill $(cat "+Quote(l.PIDFile())+")"))
+	return quoteAll(ssh) + " " + Quote(remote)
 }

@@ -303,11 +303,13 @@ func TestStartCommandShape(t *testing.T) {
 	if !strings.Contains(got, want) {
 		t.Fatalf("start command:\n%s\nwant a line\n%s", got, want)
 	}
-	if !strings.Contains(remoteinstall.StopHint("bos14", l, ""), `kill $(cat '\''/home/u/my dir/L1/nymph.pid'\'')`) {
-		t.Errorf("stop hint %s", remoteinstall.StopHint("bos14", l, ""))
+	ssh := []string{"ssh", "-F", "/home/op/my ssh/config", "bos14"}
+	if got, want := remoteinstall.StopHint(ssh, l, "", nil), `ssh -F '/home/op/my ssh/config' bos14 'kill $(cat '\''/home/u/my dir/L1/nymph.pid'\'')'`; got != want {
+		t.Errorf("stop hint\n%s\nwant\n%s", got, want)
 	}
-	if got := remoteinstall.StopHint("bos14", l, "77"); got != "ssh bos14 scancel 77" {
-		t.Errorf("slurm stop hint %s", got)
+	env := [][2]string{{"SLURM_CONF", "/etc/slurm test/slurm.conf"}}
+	if got, want := remoteinstall.StopHint([]string{"ssh", "bos14"}, l, "77", env), `ssh bos14 'export SLURM_CONF='\''/etc/slurm test/slurm.conf'\''; scancel 77'`; got != want {
+		t.Errorf("slurm stop hint\n%s\nwant\n%s", got, want)
 	}
 }
 

@@ -199,7 +199,7 @@ func TestInstallOverSSH(t *testing.T) {
 
 	res, r := host.install(t, cp, "--binary", cp.Bins.Nymph, "--label", "e2e", "--tag", "role:ssh", "--runner", "process")
 	expectCode(t, r, 0)
-	if res.WorkerID == nil || res.Label != "e2e-"+res.LaunchID || res.PID == "" || res.NymphVersion == "" {
+	if res.WorkerID == nil || res.Label != "e2e-"+res.LaunchID || res.PID <= 0 || res.NymphVersion == "" {
 		t.Fatalf("result %+v", res)
 	}
 	wantDir := filepath.Join(host.Home, ".nymph", res.LaunchID)
@@ -215,7 +215,7 @@ func TestInstallOverSSH(t *testing.T) {
 			t.Errorf("%s: %v %v; want mode 0600 owned by %s", p, st.Mode(), err, host.User)
 		}
 	}
-	pid, _ := strconv.Atoi(res.PID)
+	pid := res.PID
 	if uid := uidOf(t, pid); uid != host.UID {
 		t.Errorf("nymph runs as uid %d, want %d (%s)", uid, host.UID, host.User)
 	}
@@ -266,6 +266,18 @@ func TestInstallOverSSH(t *testing.T) {
 	if r.Stdout != "from the download\n" {
 		t.Fatalf("exec stdout %q", r.Stdout)
 	}
+
+	// The stop command the install printed works as printed: it carries
+	// the -F the install was given (this host is known only through it).
+	if !strings.HasPrefix(res.StopCommand, "ssh -F "+remoteinstall.Quote(host.ConfigPath)+" "+host.Alias+" ") {
+		t.Fatalf("stop command %q lacks the install's ssh options", res.StopCommand)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "sh", "-c", res.StopCommand).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", res.StopCommand, err, out)
+	}
+	wait.For(t, 40*time.Second, "the daemon stopped by the printed stop command to exit", func() bool { return !processAlive(pid) })
 }
 
 func TestInstallOverSSHReportsFailures(t *testing.T) {
@@ -313,7 +325,7 @@ func TestInstallOverSSHUnderSlurm(t *testing.T) {
 	res, r := host.install(t, cp, args...)
 	jobID = res.JobID
 	expectCode(t, r, 0)
-	if res.JobID == "" || res.PID != "" || res.WorkerID == nil {
+	if res.JobID == "" || res.PID != 0 || res.WorkerID == nil {
 		t.Fatalf("result %+v", res)
 	}
 	out, err := slurm.Command(context.Background(), "squeue", "-h", "-j", res.JobID, "-o", "%j %u %T").CombinedOutput()
@@ -328,4 +340,17 @@ func TestInstallOverSSHUnderSlurm(t *testing.T) {
 	if r.Stdout != "job "+res.JobID+"\n" {
 		t.Fatalf("exec in the job: %q", r.Stdout)
 	}
+
+	// The printed stop command cancels the job as printed: the install's
+	// -F, and the --remote-env scancel needs as sbatch did.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "sh", "-c", res.StopCommand).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", res.StopCommand, err, out)
+	}
+	wait.For(t, 60*time.Second, "job "+res.JobID+" to leave the queue after the printed stop command", func() bool {
+		out, _ := slurm.Command(ctx, "squeue", "-h", "-j", res.JobID, "-o", "%T").CombinedOutput()
+		s := string(out)
+		return !strings.Contains(s, "RUNNING") && !strings.Contains(s, "PENDING")
+	})
 }
