@@ -15,33 +15,47 @@ import (
 )
 
 // confirm asks a yes/no question on stderr and reads the answer from stdin.
-// Only a "y" or "yes" agrees.
-func (a *app) confirm(question string) bool {
+// Only a "y" or "yes" agrees. An interrupt ends the wait at once: Ctrl-C on
+// the terminal raises SIGINT, which cancels ctx, while the read itself
+// would go on until Enter.
+func (a *app) confirm(ctx context.Context, question string) (bool, error) {
 	fmt.Fprintf(a.env.Stderr, "%s [y/N]: ", question)
-	line, _ := bufio.NewReader(a.env.Stdin).ReadString('\n')
-	switch strings.ToLower(strings.TrimSpace(line)) {
-	case "y", "yes":
-		return true
+	answer := make(chan string, 1)
+	go func() {
+		// Left blocked on an interrupt, until the process exits.
+		line, _ := bufio.NewReader(a.env.Stdin).ReadString('\n')
+		answer <- line
+	}()
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(a.env.Stderr)
+		return false, exitWith(ExitInterrupted, errors.New("interrupted; nothing was done"))
+	case line := <-answer:
+		switch strings.ToLower(strings.TrimSpace(line)) {
+		case "y", "yes":
+			return true, nil
+		}
+		return false, nil
 	}
-	return false
 }
 
 // approve decides whether a destructive bulk action goes ahead: --yes
 // does; on a terminal the operator is asked; otherwise it is cancelled
-// (exit 0, with a note on stderr).
-func (a *app) approve(yes bool, question, what string) bool {
+// (exit 0, with a note on stderr). The error is an interrupt while asking.
+func (a *app) approve(ctx context.Context, yes bool, question, what string) (bool, error) {
 	if yes {
-		return true
+		return true, nil
 	}
 	if !a.env.StdinTTY {
 		fmt.Fprintf(a.env.Stderr, "lakeshore: cancelled: not a terminal, and --yes not given (would %s)\n", what)
-		return false
+		return false, nil
 	}
-	if a.confirm(question) {
-		return true
+	ok, err := a.confirm(ctx, question)
+	if ok || err != nil {
+		return ok, err
 	}
 	fmt.Fprintln(a.env.Stderr, "lakeshore: cancelled")
-	return false
+	return false, nil
 }
 
 // KillSummary is the --json output of `daemon kill --prefix`.
@@ -120,8 +134,8 @@ polling until you stop it on its host ('lakeshore daemon stop' there).
 				_ = a.printWorkerTable(a.env.Stderr, match, c.Namespace())
 			}
 			n := plural(len(match), "daemon")
-			if !a.approve(yes, "Kill "+n+"?", "kill "+n) {
-				return nil
+			if ok, err := a.approve(ctx, yes, "Kill "+n+"?", "kill "+n); !ok {
+				return err
 			}
 			sum := KillSummary{Killed: []operatorapi.KillResponse{}}
 			var errs []error
@@ -223,8 +237,8 @@ nothing is deleted and lakeshore exits 0.
 				_ = a.printWorkerTable(a.env.Stderr, preview.Deleted, c.Namespace())
 			}
 			n := plural(preview.Count, "daemon")
-			if !a.approve(yes, fmt.Sprintf("Delete %s unseen for more than %s?", n, olderThan), "delete "+n) {
-				return nil
+			if ok, err := a.approve(ctx, yes, fmt.Sprintf("Delete %s unseen for more than %s?", n, olderThan), "delete "+n); !ok {
+				return err
 			}
 			req.DryRun = false
 			done, err := c.Cleanup(ctx, req)

@@ -238,8 +238,8 @@ func (a *app) updateMany(ctx context.Context, c *opclient.Client, f *updateFlags
 	default:
 		action = "edit the queues of " + n
 	}
-	if !a.approve(f.yes, strings.ToUpper(action[:1])+action[1:]+"?", action) {
-		return nil
+	if ok, err := a.approve(ctx, f.yes, strings.ToUpper(action[:1])+action[1:]+"?", action); !ok {
+		return err
 	}
 	sum := UpdateSummary{Results: []UpdateOutcome{}}
 	for _, w := range match {

@@ -60,4 +60,18 @@ func TestExecPickerOnATerminal(t *testing.T) {
 	if !term.Cooked(t) {
 		t.Fatal("the terminal was left raw")
 	}
+
+	// A yes/no question reads a cooked terminal, where Ctrl-C is a
+	// SIGINT: the first one ends it too, and nothing is killed.
+	term = cp.CLIOnTerminal(t, 24, 100, "daemon", "kill", "--prefix", "picker-")
+	at = term.WaitFor(t, 0, "Kill 2 daemons? [y/N]: ")
+	term.Type(t, "\x03")
+	r = term.Wait(t)
+	expectCode(t, r, cli.ExitInterrupted)
+	if !strings.Contains(r.Stderr[at:], "lakeshore: interrupted; nothing was done") {
+		t.Fatalf("after Ctrl-C at the question: terminal:\n%s", r.Stderr[at:])
+	}
+	if ws := cp.Workers(t); len(ws) != 2 {
+		t.Fatalf("%d workers left, want both: %+v", len(ws), ws)
+	}
 }
