@@ -34,7 +34,7 @@ const ExitCodeHelp = `Exit codes:
 const execExitHelp = `Exit codes:
   0-252  the remote command's own exit code
   125    lakeshore itself failed (bad flag, unknown daemon, control plane unreachable, ...)
-  130    interrupted with Ctrl-C; the remote exec is cancelled
+  130    interrupted with Ctrl-C; the remote exec, if one was sent, is cancelled
   253    --wait ran out before the result; the exec may still be running
   254    the remote command timed out (--timeout) and was killed
   255    the daemon could not run the command, or it was cancelled`
