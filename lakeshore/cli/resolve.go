@@ -27,7 +27,7 @@ func (e *AmbiguousError) Error() string {
 	// When the full label is what several daemons share, only an id tells
 	// them apart: say so, with one to copy.
 	if shared && len(e.Candidates) > 0 {
-		fmt.Fprintf(&b, "\nthey share the label %q, and none or several of them are live: name one by its id with --id, e.g. --id %s",
+		fmt.Fprintf(&b, "\nthey share the label %q and more than one is live, or none is: name one by its id with --id, e.g. --id %s",
 			e.Arg, e.Candidates[0].ID)
 		return b.String()
 	}
