@@ -30,8 +30,9 @@ func (v *floatValue) Set(s string) error {
 
 func (v *floatValue) String() string { return strconv.FormatFloat(float64(*v), 'g', -1, 64) }
 
-// Type is what the help shows after the flag's name, as for pflag's own.
-func (v *floatValue) Type() string { return "float" }
+// Type is pflag's own for a float64, so the help reads "float" and
+// FlagSet.GetFloat64 reads it.
+func (v *floatValue) Type() string { return "float64" }
 
 // floatVar is pflag's Float64Var with a floatValue.
 func floatVar(fs *pflag.FlagSet, p *float64, name string, def float64, usage string) {

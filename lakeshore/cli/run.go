@@ -57,8 +57,9 @@ func (a *app) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run [flags] (module:qualname | --script FILE)",
 		Short: "Run a function on a daemon of a queue and print its result",
-		Long: `Submit a function invocation to a queue. The control plane hands it to a daemon
-that polls a matching queue and offers the runner (process, python, docker,
+		Long: `Submit a function invocation to a queue. The control plane hands it to a member
+of the queue (see 'lakeshore queue --help': the same daemons 'lakeshore exec
+--queue' reaches) that offers the runner (process, python, docker,
 gvisor, slurm or echo; without --runner the daemon's default), and lakeshore
 waits for the outcome (a progress line on a terminal) and prints the result.
 While it runs, what the function writes is printed as it comes: its stdout
