@@ -321,8 +321,9 @@ func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req 
 	)
 	for {
 		left := time.Until(deadline)
-		// News already in hand is read before giving up.
-		if left <= 0 && first == nil {
+		// News already in hand, and the output of an exec that has
+		// finished, are read before giving up.
+		if left <= 0 && first == nil && !draining {
 			prog.Stop()
 			return a.execGaveUp(ctx, c, f, acc, where, last)
 		}
