@@ -106,7 +106,7 @@ func TestShowResolvesAndExplainsAmbiguity(t *testing.T) {
 		t.Fatalf("ambiguous show: %+v", r)
 	}
 	r = f.run(t, runOpts{}, "daemon", "show", "--id", "nope")
-	if r.code != cli.ExitError || !strings.Contains(r.stderr, `no daemon with id "nope"`) {
+	if r.code != cli.ExitError || !strings.Contains(r.stderr, `no daemon has the id "nope"`) {
 		t.Fatalf("show --id nope: %+v", r)
 	}
 	r = f.run(t, runOpts{}, "daemon", "show")
@@ -224,7 +224,7 @@ func TestExecWaitBudget(t *testing.T) {
 	f := newFakeCP(t, fleet()...)
 	start := time.Now()
 	r := f.run(t, runOpts{}, "daemon", "exec", "--wait", "0.3", "gpu-rig-1", "sleep", "100")
-	if r.code != cli.ExitExecWaitExpired || !strings.Contains(r.stderr, "exec-1") || !strings.Contains(r.stderr, "may still finish") {
+	if r.code != cli.ExitExecWaitExpired || !strings.Contains(r.stderr, "exec-1") || !strings.Contains(r.stderr, "gave up after --wait 0.3s") {
 		t.Fatalf("result = %+v", r)
 	}
 	if d := time.Since(start); d > 10*time.Second {
@@ -488,7 +488,9 @@ func TestNamespaceFlag(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("result = %+v", r)
 	}
-	if f.paths[0] != "POST /v1/namespaces/lab/workers/aaaa000000000000000000a1/exec" {
+	// --id reads the worker by id first: it must be one.
+	if len(f.paths) < 2 || f.paths[0] != "GET /v1/namespaces/lab/workers/aaaa000000000000000000a1" ||
+		f.paths[1] != "POST /v1/namespaces/lab/workers/aaaa000000000000000000a1/exec" {
 		t.Fatalf("paths = %v", f.paths)
 	}
 	f.steps = []step{{finish: true}}

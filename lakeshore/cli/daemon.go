@@ -55,7 +55,7 @@ gone nor stale wins; when a name is still ambiguous the candidates are listed.
 
 // watchFlag adds --watch [seconds] (2 when given bare).
 func watchFlag(cmd *cobra.Command, v *float64) {
-	cmd.Flags().Float64Var(v, "watch", 0, "refresh every N seconds until Ctrl-C (bare --watch: 2)")
+	floatVar(cmd.Flags(), v, "watch", 0, "refresh every N seconds until Ctrl-C (bare --watch: 2)")
 	cmd.Flags().Lookup("watch").NoOptDefVal = "2"
 	if cmd.Annotations == nil {
 		cmd.Annotations = map[string]string{}
@@ -155,14 +155,11 @@ keys.
 		Args:              exactArgs(1, "one <daemon>"),
 		ValidArgsFunction: a.completeDaemon,
 		RunE: a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
-			id := args[0]
-			if !byID {
-				w, err := a.resolve(ctx, c, args[0])
-				if err != nil {
-					return err
-				}
-				id = w.ID
+			w, err := a.target(ctx, c, args[0], byID)
+			if err != nil {
+				return err
 			}
+			id := w.ID
 			fetch := func(ctx context.Context) (any, error) {
 				w, err := c.GetWorker(ctx, id)
 				if opclient.IsNotFound(err) {
@@ -409,13 +406,11 @@ func (a *app) clientAndTarget(ctx context.Context, arg string, byID bool) (*opcl
 	return c, w, nil
 }
 
-// target resolves a daemon argument, or with byID takes it verbatim.
+// target resolves a daemon argument, or with byID takes it as an id only
+// (see workerByID).
 func (a *app) target(ctx context.Context, c *opclient.Client, arg string, byID bool) (operatorapi.Worker, error) {
 	if byID {
-		if arg == "" {
-			return operatorapi.Worker{}, usagef("empty daemon id")
-		}
-		return operatorapi.Worker{ID: arg}, nil
+		return workerByID(ctx, c, arg)
 	}
 	return a.resolve(ctx, c, arg)
 }

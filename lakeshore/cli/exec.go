@@ -54,11 +54,11 @@ func (f *execFlags) register(cmd *cobra.Command, withID bool) {
 	if withID {
 		fs.BoolVar(&f.byID, "id", false, "take <daemon> as a literal worker id")
 	}
-	fs.Float64Var(&f.timeout, "timeout", 0, "SIGTERM the command after N seconds, SIGKILL 5 s later (exit 254)")
+	floatVar(fs, &f.timeout, "timeout", 0, "SIGTERM the command after N seconds, SIGKILL 5 s later (exit 254)")
 	fs.StringArrayVar(&f.env, "env", nil, "extra environment variable K=V, merged over the daemon's (repeatable)")
 	fs.StringVar(&f.workdir, "workdir", "", "working directory on the daemon")
 	fs.StringVar(&f.stdin, "stdin", "", "feed a file to the command's stdin, or - for this terminal's stdin")
-	fs.Float64Var(&f.wait, "wait", defaultExecWait.Seconds(), "total seconds to wait for the result (exit 253 when it runs out)")
+	floatVar(fs, &f.wait, "wait", defaultExecWait.Seconds(), "total seconds to wait for the result (exit 253 when it runs out)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the final exec envelope as JSON instead of streaming output")
 	if cmd.Annotations == nil {
 		cmd.Annotations = map[string]string{}
@@ -151,14 +151,20 @@ stderr, duration_ms, error, ...}}. Ctrl-C cancels the remote command.
 			if err != nil {
 				return err
 			}
-			if f.byID && args[0] == "" {
-				return usagef("empty daemon id")
+			ref := args[0]
+			if f.byID {
+				// The control plane would take a label too: --id means an id.
+				w, err := workerByID(ctx, c, ref)
+				if err != nil {
+					return err
+				}
+				ref = w.ID
 			}
 			return a.runExec(ctx, c, f, req, "", func(ctx context.Context, wait time.Duration) (operatorapi.ExecAccepted, *operatorapi.Exec, error) {
 				// The control plane knows ids and labels that name one
 				// worker: one request. Anything else (a label prefix, a
 				// label shared by several) is resolved here, from the list.
-				acc, ex, err := c.SubmitExec(ctx, args[0], req, wait)
+				acc, ex, err := c.SubmitExec(ctx, ref, req, wait)
 				if f.byID || !needsLocalResolve(err) {
 					return acc, ex, err
 				}
@@ -275,6 +281,9 @@ func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req 
 	if where == "" {
 		where = describe(operatorapi.Worker{ID: acc.WorkerID, Label: acc.Label})
 	}
+	if why := targetNotReady(acc, where, a.env.Now()); why != "" && (first == nil || first.State != operatorapi.ExecFinished) {
+		a.warnWaiting(why, "exec "+acc.ExecID, fmt.Sprintf("it for up to --wait %gs", f.wait))
+	}
 	prog := startProgress(a.env.Stderr, a.env.StderrTTY && !f.jsonOut, fmt.Sprintf("waiting for %s (exec %s, queued)", where, acc.ExecID))
 	defer prog.Stop()
 
@@ -286,9 +295,11 @@ func (a *app) runExec(ctx context.Context, c *opclient.Client, f execFlags, req 
 	)
 	for {
 		left := time.Until(deadline)
-		if left <= 0 {
+		// News already in hand, and the output of an exec that has
+		// finished, are read before giving up.
+		if left <= 0 && first == nil && !draining {
 			prog.Stop()
-			return a.execGaveUp(ctx, c, f, acc, where, wait, last)
+			return a.execGaveUp(ctx, c, f, acc, where, last)
 		}
 		poll := min(left, maxLongPoll)
 		if draining {
@@ -411,24 +422,30 @@ func (a *app) execDone(ctx context.Context, c *opclient.Client, f execFlags, ex 
 	return exitWith(code, nil)
 }
 
-func (a *app) execGaveUp(ctx context.Context, c *opclient.Client, f execFlags, acc operatorapi.ExecAccepted, where string, wait time.Duration, last operatorapi.Exec) error {
+func (a *app) execGaveUp(ctx context.Context, c *opclient.Client, f execFlags, acc operatorapi.ExecAccepted, where string, last operatorapi.Exec) error {
+	// A fresh read tells the state now, which the last one (if any: the
+	// wait may run out before the first answer) may not.
+	rctx, cancel := context.WithTimeout(ctx, cancelBudget)
+	full, err := c.GetExec(rctx, acc.ExecID, 0, 0)
+	cancel()
+	ex := last
+	if err == nil {
+		ex = full
+	}
 	if f.jsonOut {
-		ex := last
-		if full, err := c.GetExec(ctx, acc.ExecID, 0, 0); err == nil {
-			ex = full
+		out := ex
+		if out.ExecID == "" {
+			out = operatorapi.Exec{ExecID: acc.ExecID, WorkerID: acc.WorkerID}
 		}
-		if ex.ExecID == "" {
-			ex = operatorapi.Exec{ExecID: acc.ExecID, WorkerID: acc.WorkerID}
-		}
-		if err := writeJSON(a.env.Stdout, ex); err != nil {
+		if err := writeJSON(a.env.Stdout, out); err != nil {
 			return err
 		}
 	}
-	state := orDash(last.State)
-	if last.ExecID == "" {
-		state = "unknown"
+	state := ex.State
+	if ex.ExecID == "" {
+		state = ""
 	}
-	return exitWith(ExitExecWaitExpired, fmt.Errorf("gave up after --wait %s; exec %s on %s is %s and may still finish", wait, acc.ExecID, where, state))
+	return gaveUp(fmt.Sprintf("%gs", f.wait), fmt.Sprintf("exec %s on %s", acc.ExecID, where), state)
 }
 
 // execInterrupted asks the daemon to cancel the exec the operator walked

@@ -138,7 +138,7 @@ configPath, pid or jobId, nymphVersion}.`,
 	fs.StringVar(&f.remoteDir, "remote-dir", remoteinstall.DefaultBaseDir, "base directory on the host; ~ is the remote $HOME")
 	fs.StringArrayVar(&f.remoteEnv, "remote-env", nil, "KEY=VALUE exported on the host before the daemon (and sbatch) starts (repeatable)")
 	fs.BoolVar(&f.noWait, "no-wait", false, "do not wait for the daemon to register")
-	fs.Float64Var(&f.waitTimeout, "wait-timeout", 60, "seconds to wait for the daemon to register")
+	floatVar(fs, &f.waitTimeout, "wait-timeout", 60, "seconds to wait for the daemon to register")
 	fs.BoolVar(&f.slurm, "slurm", false, "start the daemon as a SLURM batch job (sbatch) instead of setsid nohup")
 	fs.StringVar(&f.partition, "slurm-partition", "", "sbatch --partition (only with --slurm)")
 	fs.StringVar(&f.sshBin, "ssh", "ssh", "ssh program")

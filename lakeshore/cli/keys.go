@@ -62,7 +62,7 @@ func (o *identityOpts) addFlags(cmd *cobra.Command, getenv func(string) string) 
 	fs.BoolVar(&o.requireSignatures, "require-daemon-signatures", false,
 		"refuse daemons that do not sign their requests (env "+EnvRequireSignatures+"=1)")
 	fs.DurationVar(&o.keyMaxAge, "key-rotation-max-age", 0, "ask daemons to rotate keys older than this, e.g. 720h (default: never)")
-	fs.Float64Var(&o.keyRate, "daemon-key-rate", controlplane.DefaultKeyRequestRate,
+	floatVar(fs, &o.keyRate, "daemon-key-rate", controlplane.DefaultKeyRequestRate,
 		"signed requests a second one daemon key may sustain before it is answered 429 (0: no limit)")
 	fs.IntVar(&o.keyBurst, "daemon-key-burst", controlplane.DefaultKeyRequestBurst,
 		"signed requests one daemon key may send at once on top of --daemon-key-rate")

@@ -225,8 +225,8 @@ func TestServeRefusesABadDaemonKeyRate(t *testing.T) {
 		want string
 	}{
 		{[]string{"--daemon-key-rate", "-1"}, "--daemon-key-rate -1: want requests a second, 0 for no limit"},
-		{[]string{"--daemon-key-rate", "NaN"}, "--daemon-key-rate NaN"},
-		{[]string{"--daemon-key-rate", "lots"}, `invalid argument "lots" for "--daemon-key-rate"`},
+		{[]string{"--daemon-key-rate", "NaN"}, `--daemon-key-rate "NaN": want a number`},
+		{[]string{"--daemon-key-rate", "lots"}, `--daemon-key-rate "lots": want a number, e.g. --daemon-key-rate `},
 		{[]string{"--daemon-key-burst", "0"}, "--daemon-key-burst 0: want at least 1"},
 	} {
 		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data")}, tc.args...)

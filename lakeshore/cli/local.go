@@ -142,7 +142,7 @@ This stops processes only; the worker rows stay on the control plane (see
 			return err
 		},
 	}
-	cmd.Flags().Float64Var(&timeout, "timeout", defaultStopTimeout.Seconds(), "seconds to wait for each daemon to exit after SIGTERM")
+	floatVar(cmd.Flags(), &timeout, "timeout", defaultStopTimeout.Seconds(), "seconds to wait for each daemon to exit after SIGTERM")
 	cmd.Flags().BoolVar(&force, "force", false, "SIGKILL a daemon still running after --timeout")
 	cmd.Flags().BoolVar(&all, "all", false, "stop the nymphs of every user, not only yours")
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")

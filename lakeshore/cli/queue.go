@@ -16,8 +16,11 @@ func (a *app) queueCmd() *cobra.Command {
 		Aliases: []string{"queues"},
 		Short:   "Create and list the queues of the namespace",
 		Long: `A queue exists once it is created here or a daemon joins it (a lane in its
-config, or the queue it polls). 'lakeshore exec --queue Q' runs on a member;
-'lakeshore daemon update <daemon> --add-queue Q' makes a daemon one.`,
+config, or the queue it polls). 'lakeshore exec --queue Q' and 'lakeshore run
+--queue Q' run on a member: a daemon is one by a lane, by the queue it polls
+(the default queue when it names none), or by
+'lakeshore daemon update <daemon> --add-queue Q', whatever it polls;
+--remove-queue takes it off a queue, the one it polls included.`,
 		Example: `  lakeshore queue create training
   lakeshore queue list`,
 		Args: cobra.ArbitraryArgs,

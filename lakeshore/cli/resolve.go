@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
 
+	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 )
 
@@ -17,11 +19,41 @@ type AmbiguousError struct {
 func (e *AmbiguousError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "daemon %q is ambiguous; it matches:", e.Arg)
+	shared := true
 	for _, w := range e.Candidates {
 		fmt.Fprintf(&b, "\n  %s  %s  %s", w.ID, w.Label, w.State)
+		shared = shared && w.Label == e.Arg
 	}
-	b.WriteString("\nname one by its full label or id (or pass --id)")
+	// When the full label is what several daemons share, only an id tells
+	// them apart: say so, with one to copy.
+	if shared && len(e.Candidates) > 0 {
+		fmt.Fprintf(&b, "\nthey share the label %q and more than one is live, or none is: name one by its id with --id, e.g. --id %s",
+			e.Arg, e.Candidates[0].ID)
+		return b.String()
+	}
+	b.WriteString("\nname one by its full label or its id (--id takes an id only)")
 	return b.String()
+}
+
+// workerByID fetches the worker whose id is arg. The control plane also
+// answers a worker route for a label that names one worker; --id means an
+// id, so a worker found under another id is refused here, naming the way to
+// address it by label.
+func workerByID(ctx context.Context, c *opclient.Client, arg string) (operatorapi.Worker, error) {
+	if arg == "" {
+		return operatorapi.Worker{}, usagef("empty daemon id")
+	}
+	w, err := c.GetWorker(ctx, arg)
+	switch {
+	case opclient.IsNotFound(err):
+		return operatorapi.Worker{}, fmt.Errorf("no daemon has the id %q (--id takes a worker id as `lakeshore daemon list` shows it; without --id a label or label prefix works too): %w", arg, err)
+	case err != nil:
+		return operatorapi.Worker{}, err
+	case w.ID != arg:
+		return operatorapi.Worker{}, usagef("--id %s: %q is not a worker id but the label of daemon %s; drop --id to name a daemon by its label (the positional <daemon> takes an id, a label or a label prefix), or pass --id %s",
+			arg, arg, w.ID, w.ID)
+	}
+	return w, nil
 }
 
 // NoMatchError is a daemon argument that matches no worker.

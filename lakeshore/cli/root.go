@@ -166,7 +166,7 @@ else ~/.config/lakeshore/credentials.json), so no flag is needed there.
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
 	}
 	root.SetVersionTemplate("lakeshore {{.Version}}\n")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err: err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return flagError(err) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.server, "server", "", "control plane URL (default $"+EnvURL+", else the credentials file)")
 	pf.StringVar(&a.adminToken, "admin-token", "", "admin token (default $"+EnvAdminToken+", else the credentials file)")

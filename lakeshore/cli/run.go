@@ -57,8 +57,9 @@ func (a *app) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run [flags] (module:qualname | --script FILE)",
 		Short: "Run a function on a daemon of a queue and print its result",
-		Long: `Submit a function invocation to a queue. The control plane hands it to a daemon
-that polls a matching queue and offers the runner (process, python, docker,
+		Long: `Submit a function invocation to a queue. The control plane hands it to a member
+of the queue (see 'lakeshore queue --help': the same daemons 'lakeshore exec
+--queue' reaches) that offers the runner (process, python, docker,
 gvisor, slurm or echo; without --runner the daemon's default), and lakeshore
 waits for the outcome (a progress line on a terminal) and prints the result.
 While it runs, what the function writes is printed as it comes: its stdout
@@ -103,10 +104,10 @@ as one msgpack value. --json prints the whole invocation instead
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&f.queue, "queue", operatorapi.DefaultQueue, "queue to submit to; daemons polling it (or a matching 'prefix*') take it")
+	fs.StringVar(&f.queue, "queue", operatorapi.DefaultQueue, "queue to submit to; its members (by their queues, or the queue they poll, or a matching 'prefix*') take it")
 	fs.StringVar(&f.runner, "runner", "", "runner kind: process, python, docker, gvisor, slurm or echo (default: the daemon's)")
 	fs.StringVar(&f.image, "image", "", "container image (required for --runner docker; optional for gvisor)")
-	fs.Float64Var(&f.timeout, "timeout", 0, "kill the function after N seconds (0: no limit)")
+	floatVar(fs, &f.timeout, "timeout", 0, "kill the function after N seconds (0: no limit)")
 	fs.StringArrayVar(&f.env, "env", nil, "environment variable K=V for the function (repeatable)")
 	fs.StringVar(&f.workdir, "workdir", "", "working directory on the daemon (default: a fresh scratch directory)")
 	fs.StringVar(&f.asUser, "as-user", "", "run as this user on the daemon (runuser -u)")
@@ -115,7 +116,7 @@ as one msgpack value. --json prints the whole invocation instead
 	fs.StringVar(&f.script, "script", "", "run this bash script file instead of a function (- for stdin)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the final invocation as JSON")
 	fs.BoolVar(&f.noWait, "no-wait", false, "print the invocation id and return without waiting")
-	fs.Float64Var(&f.wait, "wait", 0, "give up waiting after N seconds, exit 253 (0: wait as long as it takes)")
+	floatVar(fs, &f.wait, "wait", 0, "give up waiting after N seconds, exit 253 (0: wait as long as it takes)")
 	_ = cmd.RegisterFlagCompletionFunc("queue", a.completeQueue)
 	_ = cmd.RegisterFlagCompletionFunc("runner", cobra.FixedCompletions(messages.RunnerKinds, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -357,8 +358,7 @@ func (a *app) runInvocation(ctx context.Context, c *opclient.Client, f runFlags,
 		if req.RunConfig.Runner != nil {
 			runnerText = "runner " + *req.RunConfig.Runner
 		}
-		fmt.Fprintf(a.env.Stderr, "lakeshore: no daemon polling %s with %s is active right now; invocation %s waits for one (Ctrl-C cancels it)\n",
-			where, runnerText, inv.ID)
+		a.warnWaiting(fmt.Sprintf("no daemon in %s with %s is active right now", where, runnerText), "invocation "+inv.ID, "one")
 	}
 	prog := startProgress(a.env.Stderr, a.env.StderrTTY && !f.jsonOut, fmt.Sprintf("invocation %s queued on %s", inv.ID, where))
 	defer prog.Stop()
@@ -388,7 +388,7 @@ func (a *app) runInvocation(ctx context.Context, c *opclient.Client, f runFlags,
 		if f.jsonOut {
 			_ = writeJSON(a.env.Stdout, last)
 		}
-		return exitWith(ExitExecWaitExpired, fmt.Errorf("gave up after --wait %gs; invocation %s is %s and may still finish", f.wait, inv.ID, last.State))
+		return gaveUp(fmt.Sprintf("%gs", f.wait), "invocation "+inv.ID, last.State)
 	default:
 		return err
 	}

@@ -306,7 +306,7 @@ func TestRunRefusalsWaitsAndCancels(t *testing.T) {
 
 	// Nobody polls "idle": a bounded wait gives up with 253 and says so.
 	r := cp.run(runOpts{}, "run", "--queue", "idle", "--wait", "0.3", "m:f")
-	if r.code != cli.ExitExecWaitExpired || !strings.Contains(r.stderr, "no daemon polling") || !strings.Contains(r.stderr, "is queued and may still finish") {
+	if r.code != cli.ExitExecWaitExpired || !strings.Contains(r.stderr, `no daemon in queue "idle"`) || !strings.Contains(r.stderr, "is still queued: no daemon has picked it up yet") {
 		t.Fatalf("bounded wait: %+v", r)
 	}
 	r = cp.run(runOpts{}, "invocations", "list", "--json", "--queue", "idle")

@@ -189,7 +189,7 @@ func TestServeRefusesABadLostAfter(t *testing.T) {
 	dir := t.TempDir()
 	env := map[string]string{cli.EnvCredentials: filepath.Join(dir, "c.json"), "HOME": dir}
 	for _, tc := range []struct{ args, want []string }{
-		{[]string{"--lost-after", "soon"}, []string{`invalid argument "soon" for "--lost-after"`}},
+		{[]string{"--lost-after", "soon"}, []string{`--lost-after "soon": want a duration`}},
 		{[]string{"--lost-after", "0s"}, []string{"--lost-after 0s: must be a positive duration"}},
 		{[]string{"--lost-after", "-5m"}, []string{"--lost-after -5m0s: must be a positive duration"}},
 		{[]string{"--lost-after", "30s"}, []string{"--lost-after 30s: must be at least 1m0s", "reads back stale"}},
@@ -223,7 +223,7 @@ func TestServeRefusesBadEdgeLimits(t *testing.T) {
 		{[]string{"--write-timeout", "0s"}, []string{"--write-timeout 0s"}},
 		{[]string{"--body-min-rate", "0"}, []string{"--body-min-rate 0: must be a positive number of bytes per second"}},
 		{[]string{"--max-conns-per-ip", "-1"}, []string{"--max-conns-per-ip -1: must be 0 (no cap) or more"}},
-		{[]string{"--body-timeout", "soon"}, []string{`invalid argument "soon" for "--body-timeout"`}},
+		{[]string{"--body-timeout", "soon"}, []string{`--body-timeout "soon": want a duration`}},
 	} {
 		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data")}, tc.args...)
 		r := runCLI(t, runOpts{}, env, args...)

@@ -38,7 +38,8 @@ type realCP struct {
 	env map[string]string
 }
 
-func newRealCP(t *testing.T) *realCP {
+// newRealCP starts a control plane; opts adjust its configuration.
+func newRealCP(t *testing.T, opts ...func(*controlplane.Config)) *realCP {
 	t.Helper()
 	dir := t.TempDir()
 	hs := httptest.NewUnstartedServer(nil)
@@ -46,6 +47,9 @@ func newRealCP(t *testing.T) *realCP {
 		DataDir: filepath.Join(dir, "data"), PublicURL: "http://" + hs.Listener.Addr().String(),
 		AdminToken: realAdmin, DaemonToken: realDaemon,
 		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+	}
+	for _, o := range opts {
+		o(&cfg)
 	}
 	if err := cli.OpenStores(context.Background(), &cfg, ""); err != nil {
 		t.Fatal(err)

@@ -303,11 +303,7 @@ func (s *Server) canTake(w store.Worker, queue, runner string, now time.Time) bo
 	if runner != "" && !slices.Contains(w.Capabilities.Runners, runner) {
 		return false
 	}
-	pq := w.PollQueue
-	if pq == "" {
-		pq = operatorapi.DefaultQueue
-	}
-	return queueMatch(pq, queue)
+	return w.InQueue(queue)
 }
 
 // wakeEligible wakes the parked polls of every worker that could take an

@@ -791,3 +791,64 @@ func randomBytes(rng *rand.Rand, n int) []byte {
 	}
 	return b
 }
+
+// TestInvocationFollowsQueueMembership: an invocation reaches the daemons
+// a queue exec would reach. A daemon polling gpu that an operator adds to
+// training takes training's invocations (its parked poll is woken for
+// them); once the operator removes gpu, gpu's wait.
+func TestInvocationFollowsQueueMembership(t *testing.T) {
+	e := newEnv(t)
+	d := e.daemonUp(daemonSpec{machine: "g", label: "gpu-rig", queue: "gpu", runners: []string{"echo"}})
+	if r := e.op(http.MethodPost, "/v1/namespaces/default/queues", operatorapi.CreateQueueRequest{Name: "training"}); r.status != http.StatusCreated {
+		t.Fatalf("create training: %d %s", r.status, r.body)
+	}
+	edit := "/v1/namespaces/default/workers/" + d.id + "/queues"
+	if r := e.op(http.MethodPost, edit, operatorapi.QueueEditRequest{Add: []string{"training"}}); r.status != http.StatusOK {
+		t.Fatalf("add to training: %d %s", r.status, r.body)
+	}
+
+	// One rule: exec --queue training reaches it...
+	acc := expectJS[operatorapi.ExecAccepted](t, e.op(http.MethodPost, "/v1/namespaces/default/exec",
+		operatorapi.ExecRequest{Command: "true", Queue: "training"}), http.StatusAccepted, "queue exec")
+	if acc.WorkerID != d.id || acc.WorkerState != operatorapi.StateActive || acc.HibernatingUntil != nil {
+		t.Fatalf("queue exec accepted %+v", acc)
+	}
+	if p := d.pollRaw(d.cursor, 0); len(p.Commands) != 1 || p.Commands[0].Kind != messages.KindExec || p.Cursor == nil {
+		t.Fatalf("member of training got %v, want the exec", commandsOf(p))
+	} else {
+		d.cursor = *p.Cursor
+	}
+	// ...and so does run --queue training, waking its parked poll.
+	got := make(chan messages.PollResponse, 1)
+	go func() { got <- d.pollRaw(d.cursor, 20) }()
+	e.waitParked(workerKey(d.id))
+	sub := e.submit(operatorapi.InvocationRequest{Queue: "training", Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("echo")}})
+	if sub.EligibleWorkers != 1 {
+		t.Fatalf("eligible workers for training: %d", sub.EligibleWorkers)
+	}
+	p := <-got
+	if p.Cursor != nil {
+		d.cursor = *p.Cursor
+	}
+	if runs := runsOf(t, p); len(runs) != 1 || runs[0].InvocationID != sub.Invocation.ID {
+		t.Fatalf("member of training got %v, want %s", ids(runs), sub.Invocation.ID)
+	}
+	if inv := e.invocation(sub.Invocation.ID, ""); inv.State != operatorapi.InvocationRunning || inv.WorkerID != d.id {
+		t.Fatalf("after the claim: %+v", inv)
+	}
+
+	// The operator's removal outranks the queue the daemon polls, for both.
+	if r := e.op(http.MethodPost, edit, operatorapi.QueueEditRequest{Remove: []string{"gpu"}}); r.status != http.StatusOK {
+		t.Fatalf("remove gpu: %d %s", r.status, r.body)
+	}
+	left := e.submit(operatorapi.InvocationRequest{Queue: "gpu", Function: "m:f"})
+	if left.EligibleWorkers != 0 {
+		t.Fatalf("eligible workers for a removed poll queue: %d", left.EligibleWorkers)
+	}
+	if got := d.poll(0); len(got) != 0 {
+		t.Fatalf("removed from its poll queue, it still got %v", ids(got))
+	}
+	if r := e.op(http.MethodPost, "/v1/namespaces/default/exec", operatorapi.ExecRequest{Command: "true", Queue: "gpu"}); r.status != http.StatusConflict {
+		t.Fatalf("exec to a removed poll queue: %d %s", r.status, r.body)
+	}
+}

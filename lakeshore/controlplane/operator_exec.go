@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -90,7 +89,12 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 		writeOperatorError(w, err)
 		return
 	}
-	acc := operatorapi.ExecAccepted{ExecID: id, WorkerID: wk.ID, Label: wk.Label}
+	now := s.now()
+	seen := wk.LastSeenAt
+	acc := operatorapi.ExecAccepted{ExecID: id, WorkerID: wk.ID, Label: wk.Label, WorkerState: s.derivedState(wk, now), LastSeenAt: &seen}
+	if wk.HibernatingUntil != nil && wk.HibernatingUntil.After(now) {
+		acc.HibernatingUntil = wk.HibernatingUntil
+	}
 	if wait == 0 {
 		writeJSON(w, http.StatusAccepted, acc)
 		return
@@ -198,7 +202,8 @@ func (s *Server) queueExec(w http.ResponseWriter, r *http.Request) (workerPicker
 
 // pickWorker routes to the least busy eligible worker: not gone, not stale,
 // active, not hibernating, not a single-job daemon that has its job, not in
-// skip, and a member of queue (by its queues, or by the queue it polls).
+// skip, and a member of queue (store.Worker.InQueue, the rule invocation
+// claims follow too).
 // Ties go to the most recently seen, then the smallest id.
 func (s *Server) pickWorker(all []store.Worker, open map[string]int, queue string, now time.Time, skip map[string]bool) (store.Worker, bool) {
 	var cands []store.Worker
@@ -209,7 +214,7 @@ func (s *Server) pickWorker(all []store.Worker, open map[string]int, queue strin
 		if w.HibernatingUntil != nil && w.HibernatingUntil.After(now) {
 			continue
 		}
-		if inQueue(w, queue) {
+		if w.InQueue(queue) {
 			cands = append(cands, w)
 		}
 	}
@@ -228,34 +233,6 @@ func (s *Server) pickWorker(all []store.Worker, open map[string]int, queue strin
 		return a.ID < b.ID
 	})
 	return cands[0], true
-}
-
-// inQueue reports membership. A worker with no queues belongs to the
-// default one. A trailing '*' on either side is a prefix match, so a daemon
-// polling "gpu-*" takes "gpu-a100", and a request for "gpu-*" reaches a
-// member of "gpu-h100".
-func inQueue(w store.Worker, queue string) bool {
-	queues := w.Queues
-	if len(queues) == 0 {
-		queues = []string{operatorapi.DefaultNamespace}
-	}
-	for _, q := range queues {
-		if queueMatch(q, queue) || queueMatch(queue, q) {
-			return true
-		}
-	}
-	// An operator's removal outranks the queue the daemon polls.
-	return w.PollQueue != "" && !slices.Contains(w.QueuesRemoved, w.PollQueue) &&
-		(queueMatch(w.PollQueue, queue) || queueMatch(queue, w.PollQueue))
-}
-
-// queueMatch reports whether name matches pattern: equal, or pattern ends
-// in '*' and name starts with the rest.
-func queueMatch(pattern, name string) bool {
-	if p, ok := strings.CutSuffix(pattern, "*"); ok {
-		return strings.HasPrefix(name, p)
-	}
-	return pattern == name
 }
 
 func (s *Server) handleGetExec(w http.ResponseWriter, r *http.Request) {

@@ -129,6 +129,13 @@ type ExecAccepted struct {
 	WorkerID string `json:"workerId"`
 	// Label is the worker's label, for messages about where the exec went.
 	Label string `json:"label,omitempty"`
+	// WorkerState is the worker's state as the exec was queued (stale
+	// derived, as in Worker.State), HibernatingUntil its hibernation
+	// deadline when that is still ahead, and LastSeenAt when it last spoke:
+	// what tells the operator that the exec may wait before anything runs.
+	WorkerState      string     `json:"workerState,omitempty"`
+	HibernatingUntil *time.Time `json:"hibernatingUntil,omitempty"`
+	LastSeenAt       *time.Time `json:"lastSeenAt,omitempty"`
 }
 
 // ContentTypeNDJSON is the content type of an exec submission with wait.

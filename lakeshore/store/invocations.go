@@ -34,8 +34,9 @@ type Invocations interface {
 	// take into running on it and appends their run commands to its
 	// command queue, in one transaction: a given invocation is claimed by
 	// one worker only. The worker must be active and awake; it takes
-	// invocations of its namespace whose queue matches its poll queue (a
-	// trailing '*' is a prefix; "" is "default") and whose runner it
+	// invocations of its namespace in one of its queues (Worker.InQueue:
+	// its effective membership and its poll queue, the rule an exec routed
+	// to a queue follows too) and whose runner it
 	// advertises (no runner: any worker with at least one), up to its free
 	// capacity (max_invocations minus its running invocations; 0 is
 	// unbounded) and at most c.Limit. A single-job worker claims one at

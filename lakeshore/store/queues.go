@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+
+	"nymph/lakeshore/operatorapi"
 )
 
 // Queues holds the queues of a namespace and the operator's edits of worker
@@ -103,4 +106,43 @@ func ApplyQueueEdit(added, removed []string, e QueueEdit) (newAdded, newRemoved 
 		newRemoved = []string{}
 	}
 	return newAdded, newRemoved
+}
+
+// RoutingQueues is the one membership rule for handing work to a worker by
+// queue: an exec routed to a queue and an invocation claimed at poll time
+// both follow it. It is the effective membership (Queues) plus the queue
+// the daemon polls, the default queue when it names none, unless an
+// operator removed that one: an operator's removal outranks the daemon's
+// poll, and an operator's addition counts whatever the daemon polls.
+func (w Worker) RoutingQueues() []string {
+	out := slices.Clone(w.Queues)
+	pq := w.PollQueue
+	if pq == "" {
+		pq = operatorapi.DefaultQueue
+	}
+	if !slices.Contains(out, pq) && !slices.Contains(w.QueuesRemoved, pq) {
+		out = append(out, pq)
+	}
+	return out
+}
+
+// InQueue reports whether w takes work sent to queue. A trailing '*' on
+// either side is a prefix match, so a daemon polling "gpu-*" takes
+// "gpu-a100", and an exec for "gpu-*" reaches a member of "gpu-h100".
+func (w Worker) InQueue(queue string) bool {
+	for _, q := range w.RoutingQueues() {
+		if QueueMatch(q, queue) || QueueMatch(queue, q) {
+			return true
+		}
+	}
+	return false
+}
+
+// QueueMatch reports whether name matches pattern: equal, or pattern ends
+// in '*' and name starts with the rest.
+func QueueMatch(pattern, name string) bool {
+	if p, ok := strings.CutSuffix(pattern, "*"); ok {
+		return strings.HasPrefix(name, p)
+	}
+	return pattern == name
 }

@@ -20,3 +20,29 @@ func TestEffectiveQueues(t *testing.T) {
 		t.Fatalf("effective: %v", got)
 	}
 }
+
+// TestInQueue pins the routing rule both queue execs and invocation claims
+// follow.
+func TestInQueue(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		w     store.Worker
+		queue string
+		want  bool
+	}{
+		{"no queues, no poll: default", store.Worker{}, "default", true},
+		{"no queues, no poll: not another", store.Worker{}, "gpu", false},
+		{"polls another: not default", store.Worker{PollQueue: "gpu"}, "default", false},
+		{"poll queue", store.Worker{PollQueue: "gpu"}, "gpu", true},
+		{"poll prefix", store.Worker{PollQueue: "gpu-*"}, "gpu-a100", true},
+		{"request prefix reaches a member", store.Worker{Queues: []string{"gpu-h100"}, PollQueue: "x"}, "gpu-*", true},
+		{"added while polling another", store.Worker{Queues: []string{"training"}, PollQueue: "gpu"}, "training", true},
+		{"lane and the default poll", store.Worker{Queues: []string{"gpu"}}, "default", true},
+		{"removed poll queue", store.Worker{PollQueue: "gpu", QueuesRemoved: []string{"gpu"}}, "gpu", false},
+		{"removed default", store.Worker{QueuesRemoved: []string{"default"}}, "default", false},
+	} {
+		if got := c.w.InQueue(c.queue); got != c.want {
+			t.Errorf("%s: InQueue(%q) = %v, want %v (routing queues %v)", c.name, c.queue, got, c.want, c.w.RoutingQueues())
+		}
+	}
+}

@@ -176,7 +176,10 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 		if limit <= 0 {
 			return nil
 		}
-		query, args := claimQuery(tx.d, w, limit)
+		query, args, ok := claimQuery(tx.d, w, limit)
+		if !ok {
+			return nil
+		}
 		rows, err := tx.Query(ctx, query, args...)
 		if err != nil {
 			return fmt.Errorf("find queued: %w", err)
@@ -227,22 +230,31 @@ func (db *DB) ClaimInvocations(ctx context.Context, c store.Claim) ([]store.Invo
 
 // claimQuery selects (and, where the dialect locks rows, locks) the ids of
 // the oldest queued invocations w may take, skipping those another claimer
-// has locked.
-func claimQuery(d *Dialect, w store.Worker, limit int) (string, []any) {
+// has locked. The queues are w's routing membership (Worker.RoutingQueues),
+// the rule an exec routed to a queue follows too; an invocation's queue
+// never holds a '*', so only the worker's side is matched as a pattern.
+// ok is false when w belongs to no queue.
+func claimQuery(d *Dialect, w store.Worker, limit int) (query string, args []any, ok bool) {
+	queues := w.RoutingQueues()
+	if len(queues) == 0 {
+		return "", nil, false
+	}
 	var b strings.Builder
-	b.WriteString(`SELECT id FROM invocations WHERE namespace = ? AND state = ?`)
-	args := []any{w.Namespace, operatorapi.InvocationQueued}
-	pq := w.PollQueue
-	if pq == "" {
-		pq = "default"
+	b.WriteString(`SELECT id FROM invocations WHERE namespace = ? AND state = ? AND (`)
+	args = []any{w.Namespace, operatorapi.InvocationQueued}
+	for i, q := range queues {
+		if i > 0 {
+			b.WriteString(` OR `)
+		}
+		if prefix, ok := strings.CutSuffix(q, "*"); ok {
+			b.WriteString(`substr(queue, 1, length(CAST(? AS TEXT))) = CAST(? AS TEXT)`)
+			args = append(args, prefix, prefix)
+		} else {
+			b.WriteString(`queue = ?`)
+			args = append(args, q)
+		}
 	}
-	if prefix, ok := strings.CutSuffix(pq, "*"); ok {
-		b.WriteString(` AND substr(queue, 1, length(CAST(? AS TEXT))) = CAST(? AS TEXT)`)
-		args = append(args, prefix, prefix)
-	} else {
-		b.WriteString(` AND queue = ?`)
-		args = append(args, pq)
-	}
+	b.WriteString(`)`)
 	b.WriteString(` AND (runner = ''`)
 	for _, r := range w.Capabilities.Runners {
 		b.WriteString(` OR runner = ?`)
@@ -250,7 +262,7 @@ func claimQuery(d *Dialect, w store.Worker, limit int) (string, []any) {
 	}
 	b.WriteString(`) ORDER BY created_at, id LIMIT ?` + d.forUpdateSkipLocked())
 	args = append(args, limit)
-	return b.String(), args
+	return b.String(), args, true
 }
 
 // FinishInvocation implements store.Invocations.

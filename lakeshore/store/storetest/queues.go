@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -88,5 +89,66 @@ func testQueueEditsSurviveHelloAndReopen(t *testing.T, e *env) {
 	}
 	if v, err := db.TargetVersion(bg, "never-set"); err != nil || v != nil {
 		t.Fatalf("unset namespace: %v %v", v, err)
+	}
+}
+
+// testClaimFollowsMembership: a worker claims the invocations of every queue
+// it is a member of (Worker.InQueue), as a queue exec would reach it: its
+// lanes, the operator's additions whatever it polls, its poll queue (the
+// default one when it names none) unless the operator removed that.
+func testClaimFollowsMembership(t *testing.T, e *env) {
+	db := e.store(t)
+	w, _, err := db.Hello(bg, store.Hello{NewID: "w1", Namespace: "default", MachineID: "m", Label: "l",
+		Queues: []string{"gpu"}, Capabilities: store.Capabilities{Runners: []string{"process"}}, Now: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.RecordPoll(bg, store.Poll{WorkerID: w.ID, Queue: "polled-*", Now: t0}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.CreateQueue(bg, "default", "training", t0); err != nil {
+		t.Fatal(err)
+	}
+	for i, q := range []string{"training", "gpu", "polled-a", "default", "cpu", "polled"} {
+		newInvocation(t, db, fmt.Sprint("i", i), q, "", t0.Add(time.Duration(i)*time.Second))
+	}
+	claim := claimer(t, db, w.ID, "c", t0)
+	ids := func(invs []store.Invocation) []string {
+		var out []string
+		for _, inv := range invs {
+			out = append(out, inv.ID)
+		}
+		return out
+	}
+	// Before the edit: its lane and its poll queue's prefix; not the
+	// default queue (it polls another), not training.
+	if got := ids(claim(10)); !slices.Equal(got, []string{"i1", "i2"}) {
+		t.Fatalf("by lane and poll queue: claimed %v", got)
+	}
+	w, err = db.EditWorkerQueues(bg, store.QueueEdit{Namespace: "default", WorkerID: w.ID, Add: []string{"training"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.InQueue("training") || w.InQueue("cpu") {
+		t.Fatalf("membership after the edit: %+v", w)
+	}
+	if got := ids(claim(10)); !slices.Equal(got, []string{"i0"}) {
+		t.Fatalf("added to training while polling polled-*: claimed %v", got)
+	}
+	// The operator removes the poll queue: its invocations stay queued.
+	if _, err := db.EditWorkerQueues(bg, store.QueueEdit{Namespace: "default", WorkerID: w.ID, Remove: []string{"polled-*"}}); err != nil {
+		t.Fatal(err)
+	}
+	newInvocation(t, db, "i6", "polled-b", "", t0.Add(6*time.Second))
+	if got := ids(claim(10)); len(got) != 0 {
+		t.Fatalf("after removing the poll queue: claimed %v", got)
+	}
+	// A worker that polls no queue is in the default one.
+	other := hello(t, db, "w2", "m2", "l2")
+	if !other.InQueue("default") {
+		t.Fatalf("a worker polling no queue is not in default: %+v", other)
+	}
+	if got := ids(claimer(t, db, other.ID, "d", t0)(10)); !slices.Equal(got, []string{"i3"}) {
+		t.Fatalf("a worker polling no queue claimed %v", got)
 	}
 }

@@ -58,6 +58,7 @@ func Run(t *testing.T, b Backend) {
 		{"KeysLifecycle", testKeysLifecycle},
 		{"RebindKeyToRecreatedWorker", testRebindKeyToRecreatedWorker},
 		{"QueueEditsSurviveHelloAndReopen", testQueueEditsSurviveHelloAndReopen},
+		{"ClaimFollowsMembership", testClaimFollowsMembership},
 		{"SingleJobWorkerIsHandedOneJob", testSingleJobWorkerIsHandedOneJob},
 		{"SingleJobNeverGetsASecondQueuedJob", testSingleJobNeverGetsASecondQueuedJob},
 		{"SingleJobClaimsOneInvocation", testSingleJobClaimsOneInvocation},
