@@ -74,7 +74,9 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("setup order %s, want %s", got, strings.Join(want, ","))
 	}
 	if r.outcomes["exec ok"] == 0 || r.outcomes["timeout -2"] == 0 || r.outcomes["run succeeded"] == 0 {
-		t.Errorf("the chaos left no normal outcome at all: %v", r.outcomes)
+		// Not a failure: runChaos checked the normal outcomes once the
+		// monkey stopped.
+		t.Logf("the storm left some kind no normal outcome (a loaded machine): %v", r.outcomes)
 	}
 	wait.For(t, 10*time.Second, "no child process alive", func() bool { return len(children()) == 0 })
 }
@@ -363,10 +365,25 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosReport {
 	elapsed := time.Since(began)
 	m.halt()
 
-	// The daemon still polls and runs work after the storm.
+	// The daemon still polls and gives each kind its normal outcome after
+	// the storm: an exec exits 0, a timeout is -2, a run succeeds. (During
+	// the storm a loaded machine can see every job killed first: the
+	// accounting holds either way, but says nothing of the normal paths.)
 	h.exec("after-chaos", "echo alive")
+	h.cp.QueueExec(messages.Exec{ExecID: "after-chaos-timeout", Command: "sleep 5", TimeoutS: ptr(0.1)})
+	h.cp.QueueRun(messages.Run{InvocationID: "after-chaos-run", RunConfig: messages.RunConfig{Runner: ptr("echo")},
+		ArgsBlob: messages.Bytes("after")})
 	if r := h.cp.WaitResult("after-chaos", 30*time.Second); r.ExitCode != 0 || r.Stdout != "alive\n" {
 		t.Errorf("after chaos: %+v %s", r, errOf(r))
+	}
+	if r := h.cp.WaitResult("after-chaos-timeout", 30*time.Second); r.ExitCode != messages.ExitTimeout {
+		t.Errorf("a timeout after chaos: %+v %s", r, errOf(r))
+	}
+	h.cp.Wait(30*time.Second, "the run after chaos", func() bool { return ackCounts(h.cp)["after-chaos-run"] > 0 })
+	for _, a := range h.cp.Acks() {
+		if a.InvocationID == "after-chaos-run" && (a.State != messages.StateSucceeded || string(a.ResultBlob) != "after") {
+			t.Errorf("a run after chaos: %+v", a)
+		}
 	}
 	h.d.Shutdown(0)
 	if err := h.wait(60 * time.Second); err != nil {
