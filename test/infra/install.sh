@@ -26,6 +26,7 @@ packages=(
 	python3        # python runner shim
 	procps
 	iproute2
+	bash-completion # what `lakeshore completion bash` needs (its help says so)
 )
 
 # Prints the packages that are not fully installed, one per line, with a
