@@ -18,10 +18,21 @@ func (a *app) completionCmd() *cobra.Command {
 		Use:   "completion bash|zsh|fish|powershell",
 		Short: "Print a shell completion script",
 		Long: `Print a completion script for your shell. Daemon arguments complete to the
-labels of the daemons on the control plane (asked live, with a 3 s budget).`,
-		Example: `  source <(lakeshore completion bash)
+labels of the daemons on the control plane (asked live, with a 3 s budget).
+
+What each shell needs besides the script:
+  bash        the bash-completion package (apt-get install bash-completion,
+              dnf install bash-completion, brew install bash-completion@2),
+              loaded by your ~/.bashrc; without it <TAB> says
+              "_get_comp_words_by_ref: command not found"
+  zsh         compinit enabled once: autoload -U compinit; compinit in ~/.zshrc
+  fish        nothing more
+  powershell  nothing more`,
+		Example: `  source <(lakeshore completion bash)                            # this shell
+  lakeshore completion bash > ~/.local/share/bash-completion/completions/lakeshore
   lakeshore completion zsh > "${fpath[1]}/_lakeshore"
-  lakeshore completion fish > ~/.config/fish/completions/lakeshore.fish`,
+  lakeshore completion fish > ~/.config/fish/completions/lakeshore.fish
+  lakeshore completion powershell | Out-String | Invoke-Expression`,
 		ValidArgs: []string{"bash", "zsh", "fish", "powershell"},
 		Args:      exactArgs(1, "one shell: bash, zsh, fish or powershell"),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -202,15 +203,19 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if err := o.edge.apply(&cfg); err != nil {
 		return err
 	}
-	if err := openStores(ctx, &cfg, o.store); err != nil {
-		return err
-	}
+	// The address first: a second serve on a busy one (a second make run)
+	// stops before it opens, migrates or writes anything of the first's.
 	ln, err := net.Listen("tcp", o.addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("listen on %s: something is already listening there (another lakeshore serve? GET /healthz answers \"ok\" if so); stop it, or pass another --addr: %w", o.addr, err)
+	}
 	if err != nil {
-		cfg.Store.Close()
 		return fmt.Errorf("listen on %s: %w", o.addr, err)
 	}
 	defer ln.Close()
+	if err := openStores(ctx, &cfg, o.store); err != nil {
+		return err
+	}
 	local := o.identity.url(localURL(ln.Addr()))
 	public := o.publicURL
 	if public == "" {

@@ -3,8 +3,10 @@ package cli_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -237,6 +239,34 @@ func TestServeRefusesBadEdgeLimits(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(dir, "data", "lakeshore.db")); err == nil {
 			t.Fatalf("%v: a store was opened before the refusal", tc.args)
+		}
+	}
+}
+
+// A serve on an address something already listens on (a second make run)
+// says so and how to get past it, and stops before it opens a store or
+// writes the credentials file the running one wrote.
+func TestServeRefusesABusyAddress(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "c.json")
+	env := map[string]string{cli.EnvCredentials: creds, "HOME": dir}
+	r := runCLI(t, runOpts{}, env, "serve", "--addr", ln.Addr().String(), "--data", filepath.Join(dir, "data"))
+	if r.code == 0 {
+		t.Fatalf("serve on a busy address: %+v", r)
+	}
+	for _, w := range []string{"listen on " + ln.Addr().String(), "something is already listening there", "another --addr"} {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("stderr %q does not say %q", r.stderr, w)
+		}
+	}
+	for _, f := range []string{filepath.Join(dir, "data", "lakeshore.db"), creds} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s was written before the refusal (%v)", f, err)
 		}
 	}
 }
