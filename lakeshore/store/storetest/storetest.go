@@ -40,6 +40,8 @@ func Run(t *testing.T, b Backend) {
 		{"HelloIsIdempotentPerIdentity", testHelloIsIdempotentPerIdentity},
 		{"CursorAckAndRedelivery", testCursorAckAndRedelivery},
 		{"LegacyDeliveryAndHibernateEndsBatch", testLegacyDeliveryAndHibernateEndsBatch},
+		{"HibernationInForce", testHibernationInForce},
+		{"WakeWithdrawsQueuedHibernates", testWakeWithdrawsQueuedHibernates},
 		{"SetupStateFollowsQueue", testSetupStateFollowsQueue},
 		{"ExecOutputAndResult", testExecOutputAndResult},
 		{"DurableAcrossReopen", testDurableAcrossReopen},
