@@ -128,7 +128,8 @@ func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request) {
 			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "missing")
 		}
 		if req.UntilEpochS <= now.Unix() {
-			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "deadline %d is in the past (now %d)", req.UntilEpochS, now.Unix())
+			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "deadline %s is in the past (it is now %s); give a later one",
+				time.Unix(req.UntilEpochS, 0).UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 		}
 		if req.UntilEpochS > now.Add(maxHibernate).Unix() {
 			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "deadline is more than ten years away")
@@ -136,6 +137,37 @@ func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request) {
 		until := time.Unix(req.UntilEpochS, 0).UTC()
 		return &messages.Hibernate{UntilEpochS: messages.Epoch(req.UntilEpochS)}, &until, nil
 	})
+}
+
+// handleWake queues a wake: a hibernate whose deadline is now (see
+// operatorapi.Woken for why that and not a new kind).
+func (s *Server) handleWake(w http.ResponseWriter, r *http.Request) {
+	wk, err := s.resolveWorker(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	body, err := readBody(w, r, limitCommand)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	var ignored struct{}
+	if err := decodeJSON(body, &ignored); err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	now := time.Unix(s.now().Unix(), 0).UTC()
+	c, err := s.enqueue(r, wk, messages.KindHibernate, &messages.Hibernate{UntilEpochS: messages.Epoch(now.Unix())}, nil, &now)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	out := operatorapi.Woken{Queued: operatorapi.Queued{CommandID: c.ID, WorkerID: wk.ID, Kind: messages.KindHibernate}}
+	if h := wk.HibernatingUntil; h != nil && h.After(now) {
+		out.HibernatingUntil = h
+	}
+	writeJSON(w, http.StatusAccepted, out)
 }
 
 func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {

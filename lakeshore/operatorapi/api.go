@@ -22,6 +22,7 @@ const (
 	RouteGetExec      = "GET /v1/namespaces/{ns}/execs/{exec_id}"
 	RouteSetup        = "POST /v1/namespaces/{ns}/workers/{id}/setup"
 	RouteHibernate    = "POST /v1/namespaces/{ns}/workers/{id}/hibernate"
+	RouteWake         = "POST /v1/namespaces/{ns}/workers/{id}/wake"
 	RouteReset        = "POST /v1/namespaces/{ns}/workers/{id}/reset"
 	RouteCancel       = "POST /v1/namespaces/{ns}/workers/{id}/cancel"
 	RouteCreateToken  = "POST /v1/tokens"
@@ -170,6 +171,18 @@ type Queued struct {
 	CommandID string `json:"commandId"`
 	WorkerID  string `json:"workerId"`
 	Kind      string `json:"kind"`
+}
+
+// Woken answers RouteWake. The wake is a hibernate whose deadline is the
+// moment it was queued: every daemon understands it (an old one only once
+// the hibernation it serves is over), and it withdraws the hibernates not
+// yet delivered. HibernatingUntil is the hibernation in force when it was
+// queued (absent: the daemon was awake). A daemon that keeps a watch poll
+// open while it hibernates (nymph does, with this control plane) polls
+// again at once; one that does not takes the wake at that deadline.
+type Woken struct {
+	Queued
+	HibernatingUntil *time.Time `json:"hibernatingUntil,omitempty"`
 }
 
 // HibernateRequest: Until is unix seconds; a deadline in the past is a 400.
