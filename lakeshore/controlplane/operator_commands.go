@@ -104,7 +104,7 @@ func (s *Server) handleSetup(w http.ResponseWriter, r *http.Request) {
 			return nil, nil, err
 		}
 		if req.Script == "" {
-			return nil, nil, badField(http.StatusBadRequest, "script", "missing or empty")
+			return nil, nil, badField(http.StatusBadRequest, "script", "no setup script was given: send the script's text (lakeshore daemon setup --script PATH)")
 		}
 		setup := &messages.Setup{Script: req.Script, Sudo: req.Sudo, RefreshCapabilities: req.RefreshCapabilities}
 		if req.Name != "" {
@@ -125,7 +125,7 @@ func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request) {
 		}
 		now := s.now()
 		if req.UntilEpochS == 0 {
-			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "missing")
+			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "no deadline was given: send it in unix seconds (lakeshore daemon hibernate --until +30m)")
 		}
 		if req.UntilEpochS <= now.Unix() {
 			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "deadline %s is in the past (it is now %s); give a later one",
