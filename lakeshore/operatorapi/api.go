@@ -52,24 +52,24 @@ const StaleAfter = 60 * time.Second
 
 // Worker is one daemon as the operator sees it.
 type Worker struct {
-	ID           string                `json:"id"`
-	Namespace    string                `json:"namespace"`
-	MachineID    string                `json:"machineId"`
-	Label        string                `json:"label"`
-	State        string                `json:"state"`
-	StoredState  string                `json:"storedState"`
-	Tags         []string              `json:"tags"`
-	Queues       []string              `json:"queues"`
-	Runners      []string              `json:"runners"`
-	Capabilities messages.Capabilities `json:"capabilities"`
-	Versions     json.RawMessage       `json:"versions"`
-	PollQueue    string                `json:"pollQueue"`
-	CreatedAt    time.Time             `json:"createdAt"`
-	LastSeenAt   time.Time             `json:"lastSeenAt"`
-	Hibernating  *time.Time            `json:"hibernatingUntil,omitempty"`
-	SetupPending int                   `json:"setupPending"`
-	Running      []InvocationStatus    `json:"running"`
-	Keys         []KeyInfo             `json:"keys"`
+	ID           string             `json:"id"`
+	Namespace    string             `json:"namespace"`
+	MachineID    string             `json:"machineId"`
+	Label        string             `json:"label"`
+	State        string             `json:"state"`
+	StoredState  string             `json:"storedState"`
+	Tags         []string           `json:"tags"`
+	Queues       []string           `json:"queues"`
+	Runners      []string           `json:"runners"`
+	Capabilities Capabilities       `json:"capabilities"`
+	Versions     json.RawMessage    `json:"versions"`
+	PollQueue    string             `json:"pollQueue"`
+	CreatedAt    time.Time          `json:"createdAt"`
+	LastSeenAt   time.Time          `json:"lastSeenAt"`
+	Hibernating  *time.Time         `json:"hibernatingUntil,omitempty"`
+	SetupPending int                `json:"setupPending"`
+	Running      []InvocationStatus `json:"running"`
+	Keys         []KeyInfo          `json:"keys"`
 	// SingleJob: the daemon said in hello that it takes one job and exits
 	// (keep_alive_s = 0). SingleJobTaken: it has that job, handed over or
 	// queued for it, and is given no other; once handed over it polls no
@@ -81,6 +81,14 @@ type Worker struct {
 	// and update outcomes, newest first (at most WorkerOutcomesShown).
 	LastSetup *WorkerOutcome  `json:"lastSetup,omitempty"`
 	Outcomes  []WorkerOutcome `json:"outcomes,omitempty"`
+}
+
+// Capabilities is what a daemon last said it can run, with the operator
+// API's camelCase keys (the daemon's wire form is messages.Capabilities).
+type Capabilities struct {
+	Runners        []string `json:"runners"`
+	MaxInvocations uint32   `json:"maxInvocations"`
+	Workdir        string   `json:"workdir"`
 }
 
 // InvocationStatus mirrors what the daemon last reported on poll.
