@@ -164,6 +164,11 @@ func (s *Server) handleWake(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := operatorapi.Woken{Queued: operatorapi.Queued{CommandID: c.ID, WorkerID: wk.ID, Kind: messages.KindHibernate}}
+	// Read back: the hibernation in force is the one delivered, not one
+	// the wake just withdrew.
+	if after, err := s.st.Worker(r.Context(), wk.Namespace, wk.ID); err == nil {
+		wk = after
+	}
 	if h := wk.HibernatingUntil; h != nil && h.After(now) {
 		out.HibernatingUntil = h
 	}

@@ -29,6 +29,9 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 				c.WorkerID, store.KindHibernate); err != nil {
 				return fmt.Errorf("withdraw queued hibernates: %w", err)
 			}
+			if err := hibernationDelivered(ctx, tx, c.WorkerID, c.Now); err != nil {
+				return err
+			}
 		}
 		if store.IsJob(c.Kind) {
 			// Under the worker's row lock: of two jobs racing for a
@@ -183,6 +186,34 @@ func hibernationInForce(ctx context.Context, tx querier, workerID string, c stor
 		v = ms(until)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE workers SET hibernating_until = CAST(? AS BIGINT) WHERE id = ?`, v, workerID); err != nil {
+		return fmt.Errorf("record the hibernation in force: %w", err)
+	}
+	return nil
+}
+
+// hibernationDelivered makes a worker's HibernatingUntil that of the last
+// hibernate it was delivered, when that is still running: a withdrawn
+// hibernate, recorded when it was queued, is not in force. It only ever
+// shortens (a hello cleared what the daemon forgot by restarting).
+func hibernationDelivered(ctx context.Context, tx querier, workerID string, now time.Time) error {
+	rows, err := tx.Query(ctx, `SELECT id, worker_id, seq, kind, body, created_at, delivered_at, acked_at FROM commands
+		WHERE worker_id = ? AND kind = ? AND delivered_at IS NOT NULL ORDER BY seq DESC LIMIT 1`, workerID, store.KindHibernate)
+	if err != nil {
+		return fmt.Errorf("last delivered hibernate: %w", err)
+	}
+	last, err := scanCommands(rows)
+	if err != nil {
+		return fmt.Errorf("last delivered hibernate: %w", err)
+	}
+	var v any
+	if len(last) == 1 {
+		if until, ok := hibernateDeadline(last[0].Body); ok && until.After(now) {
+			v = ms(until)
+		}
+	}
+	if _, err := tx.Exec(ctx, `UPDATE workers SET hibernating_until = CASE
+		WHEN hibernating_until IS NULL OR CAST(? AS BIGINT) IS NULL THEN NULL
+		WHEN hibernating_until < CAST(? AS BIGINT) THEN hibernating_until ELSE CAST(? AS BIGINT) END WHERE id = ?`, v, v, v, workerID); err != nil {
 		return fmt.Errorf("record the hibernation in force: %w", err)
 	}
 	return nil

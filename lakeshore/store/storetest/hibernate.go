@@ -113,3 +113,25 @@ func testWakeWithdrawsQueuedHibernates(t *testing.T, e *env) {
 		}
 	}
 }
+
+// A hibernate queued for a daemon that has not polled yet shows at once;
+// a wake that withdraws it, undelivered, leaves the worker awake.
+func testWakeOfAnUndeliveredHibernate(t *testing.T, e *env) {
+	db := e.store(t)
+	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
+	enqueueHibernate(t, db, w.ID, "ha", t0.Add(72*time.Hour), t0)
+	if got := hibernatingUntil(t, db, w.ID); got == nil {
+		t.Fatal("a hibernate queued for an awake worker does not show")
+	}
+	now := t0.Add(time.Minute)
+	enqueueHibernate(t, db, w.ID, "wake", now, now)
+	if got := hibernatingUntil(t, db, w.ID); got != nil && got.After(now) {
+		t.Fatalf("after the wake withdrew the only hibernate: until %v", got)
+	}
+	// A second hibernate after the wake shows again.
+	later := now.Add(90 * time.Minute)
+	enqueueHibernate(t, db, w.ID, "hb", later, now)
+	if got := hibernatingUntil(t, db, w.ID); got == nil || !got.Equal(later) {
+		t.Fatalf("a new hibernate after the wake: until %v, want %v", got, later)
+	}
+}

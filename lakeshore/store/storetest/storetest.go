@@ -42,6 +42,7 @@ func Run(t *testing.T, b Backend) {
 		{"LegacyDeliveryAndHibernateEndsBatch", testLegacyDeliveryAndHibernateEndsBatch},
 		{"HibernationInForce", testHibernationInForce},
 		{"WakeWithdrawsQueuedHibernates", testWakeWithdrawsQueuedHibernates},
+		{"WakeOfAnUndeliveredHibernate", testWakeOfAnUndeliveredHibernate},
 		{"SetupStateFollowsQueue", testSetupStateFollowsQueue},
 		{"ExecOutputAndResult", testExecOutputAndResult},
 		{"DurableAcrossReopen", testDurableAcrossReopen},
