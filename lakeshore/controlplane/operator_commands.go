@@ -164,14 +164,9 @@ func (s *Server) handleWake(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := operatorapi.Woken{Queued: operatorapi.Queued{CommandID: c.ID, WorkerID: wk.ID, Kind: messages.KindHibernate}}
-	// Read back: the hibernation in force is the one delivered, not one
-	// the wake just withdrew.
-	if after, err := s.st.Worker(r.Context(), wk.Namespace, wk.ID); err == nil {
-		wk = after
-	}
-	if h := wk.HibernatingUntil; h != nil && h.After(now) {
-		out.HibernatingUntil = h
-	}
+	// The hibernation in force is the one delivered, not one the wake
+	// withdrew; the store says which as it queues the wake.
+	out.HibernatingUntil = c.Ends
 	writeJSON(w, http.StatusAccepted, out)
 }
 

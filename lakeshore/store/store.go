@@ -396,6 +396,9 @@ type Command struct {
 	CreatedAt   time.Time
 	DeliveredAt *time.Time
 	AckedAt     *time.Time
+	// Ends, from Enqueue of a wake only, is the deadline of the hibernation
+	// in force that the wake ends (nil: the worker was not hibernating).
+	Ends *time.Time
 }
 
 // State is queued, delivered or acked.

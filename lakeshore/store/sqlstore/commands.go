@@ -29,9 +29,11 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 				c.WorkerID, store.KindHibernate); err != nil {
 				return fmt.Errorf("withdraw queued hibernates: %w", err)
 			}
-			if err := hibernationDelivered(ctx, tx, c.WorkerID, c.Now); err != nil {
+			ends, err := hibernationDelivered(ctx, tx, c.WorkerID, c.Now)
+			if err != nil {
 				return err
 			}
+			out.Ends = ends
 		}
 		if store.IsJob(c.Kind) {
 			// Under the worker's row lock: of two jobs racing for a
@@ -195,15 +197,16 @@ func hibernationInForce(ctx context.Context, tx querier, workerID string, c stor
 // hibernate it was delivered, when that is still running: a withdrawn
 // hibernate, recorded when it was queued, is not in force. It only ever
 // shortens (a hello cleared what the daemon forgot by restarting).
-func hibernationDelivered(ctx context.Context, tx querier, workerID string, now time.Time) error {
+// It returns the deadline in force, if any.
+func hibernationDelivered(ctx context.Context, tx querier, workerID string, now time.Time) (*time.Time, error) {
 	rows, err := tx.Query(ctx, `SELECT id, worker_id, seq, kind, body, created_at, delivered_at, acked_at FROM commands
 		WHERE worker_id = ? AND kind = ? AND delivered_at IS NOT NULL ORDER BY seq DESC LIMIT 1`, workerID, store.KindHibernate)
 	if err != nil {
-		return fmt.Errorf("last delivered hibernate: %w", err)
+		return nil, fmt.Errorf("last delivered hibernate: %w", err)
 	}
 	last, err := scanCommands(rows)
 	if err != nil {
-		return fmt.Errorf("last delivered hibernate: %w", err)
+		return nil, fmt.Errorf("last delivered hibernate: %w", err)
 	}
 	var v any
 	if len(last) == 1 {
@@ -211,12 +214,17 @@ func hibernationDelivered(ctx context.Context, tx querier, workerID string, now 
 			v = ms(until)
 		}
 	}
-	if _, err := tx.Exec(ctx, `UPDATE workers SET hibernating_until = CASE
+	var in sql.NullInt64
+	if err := tx.QueryRow(ctx, `UPDATE workers SET hibernating_until = CASE
 		WHEN hibernating_until IS NULL OR CAST(? AS BIGINT) IS NULL THEN NULL
-		WHEN hibernating_until < CAST(? AS BIGINT) THEN hibernating_until ELSE CAST(? AS BIGINT) END WHERE id = ?`, v, v, v, workerID); err != nil {
-		return fmt.Errorf("record the hibernation in force: %w", err)
+		WHEN hibernating_until < CAST(? AS BIGINT) THEN hibernating_until ELSE CAST(? AS BIGINT) END WHERE id = ?
+		RETURNING hibernating_until`, v, v, v, workerID).Scan(&in); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("record the hibernation in force: %w", err)
 	}
-	return nil
+	if until := fromNullMs(in); until != nil && until.After(now) {
+		return until, nil
+	}
+	return nil, nil
 }
 
 // hibernateDeadline decodes a hibernate command's deadline.

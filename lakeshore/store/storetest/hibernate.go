@@ -86,7 +86,9 @@ func testWakeWithdrawsQueuedHibernates(t *testing.T, e *env) {
 	if ok, err := db.WakePending(bg, w.ID, cur); err != nil || ok {
 		t.Fatalf("a hibernate queued for later is no wake: %v %v", ok, err)
 	}
-	enqueueHibernate(t, db, w.ID, "wake", now.Truncate(time.Second), now)
+	if wake := enqueueHibernate(t, db, w.ID, "wake", now.Truncate(time.Second), now); wake.Ends == nil || !wake.Ends.Equal(a) {
+		t.Fatalf("the wake ends %v, want the hibernation in force %v", wake.Ends, a)
+	}
 	if ok, err := db.WakePending(bg, w.ID, cur); err != nil || !ok {
 		t.Fatalf("the wake not found: %v %v", ok, err)
 	}
@@ -124,7 +126,9 @@ func testWakeOfAnUndeliveredHibernate(t *testing.T, e *env) {
 		t.Fatal("a hibernate queued for an awake worker does not show")
 	}
 	now := t0.Add(time.Minute)
-	enqueueHibernate(t, db, w.ID, "wake", now, now)
+	if wake := enqueueHibernate(t, db, w.ID, "wake", now, now); wake.Ends != nil {
+		t.Fatalf("a wake of a worker that was never delivered a hibernate ends %v", wake.Ends)
+	}
 	if got := hibernatingUntil(t, db, w.ID); got != nil && got.After(now) {
 		t.Fatalf("after the wake withdrew the only hibernate: until %v", got)
 	}
