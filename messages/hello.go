@@ -101,6 +101,11 @@ type HelloResponse struct {
 	KeyID              *string        `msgpack:"key_id"`
 	KeyRotationMaxAgeS uint64         `msgpack:"key_rotation_max_age_s"`
 	ServerTimeEpochS   *Epoch         `msgpack:"server_time_epoch_s"`
+	// HibernateWake (beyond the spec; old daemons skip the key) says this
+	// control plane answers a watch poll (PollRequest.Hibernating) as soon
+	// as a wake is queued, so a hibernating daemon may keep one open and
+	// wake early.
+	HibernateWake bool `msgpack:"hibernate_wake,omitempty"`
 }
 
 func (h *HelloResponse) normalize() {

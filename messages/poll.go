@@ -10,6 +10,10 @@ type PollRequest struct {
 	Cursor              *string            `msgpack:"cursor"`
 	Invocations         []InvocationStatus `msgpack:"invocations"`
 	UpdatedCapabilities *Capabilities      `msgpack:"updated_capabilities,omitempty"`
+	// Hibernating marks a watch poll (beyond the spec; sent only to a
+	// control plane whose hello offered HibernateWake): the daemon is
+	// hibernating and wants an answer only when a wake is queued for it.
+	Hibernating bool `msgpack:"hibernating,omitempty"`
 }
 
 func (p *PollRequest) normalize() {

@@ -7,6 +7,12 @@
 // (echo the last one received; never run a command id twice), hibernate,
 // reset_backoff and the idle policy.
 //
+// A hibernating daemon stops polling for work. With a control plane whose
+// hello offers it (HibernateWake), it keeps one watch poll open instead,
+// which that control plane answers only once a wake is queued (a hibernate
+// whose deadline is now): the answer ends the hibernation early and is
+// handled as an ordinary batch.
+//
 // A single-job daemon (keep_alive_s = 0) takes exactly one job: once it
 // has accepted an exec or a run it polls no more (commands a cursor-speaking
 // server still holds for it stay queued there, unacknowledged, and lose
@@ -129,6 +135,7 @@ type poller struct {
 	inflight    uint64
 	cancelReq   context.CancelFunc
 	pollingNow  bool // the in-flight request is a poll (not a hello)
+	watching    bool // the in-flight poll is a hibernation's watch poll
 	retryGen    uint64
 	cancelRetry scheduler.CancelFunc
 	hibGen      uint64
@@ -165,7 +172,7 @@ func (p *poller) Receive(ctx actor.Context) {
 		// abandoned poll; a legacy one deleted them when it answered, so
 		// with it the in-flight poll is left to return on its own (the
 		// server ends it as soon as there is work).
-		if p.inflight != 0 && p.pollingNow && p.d.State.Cursor() != nil {
+		if p.inflight != 0 && p.pollingNow && !p.watching && p.d.State.Cursor() != nil {
 			p.abandon()
 		}
 		p.maybePoll(ctx)
@@ -181,6 +188,10 @@ func (p *poller) Receive(ctx actor.Context) {
 	case *hibernateOver:
 		if m.gen == p.hibGen {
 			p.hibGen, p.cancelHib = 0, nil
+			if p.watching {
+				p.abandon()
+				p.watching = false
+			}
 			p.d.State.endHibernate(p.d.Now())
 			p.d.Log.Info().Msg("hibernation over; polling again")
 			p.resume(ctx)
@@ -204,6 +215,7 @@ func (p *poller) resume(ctx actor.Context) {
 	if until := p.d.State.hibernateUntil(); !until.IsZero() {
 		if d := until.Sub(p.d.Now()); d > 0 {
 			p.scheduleHibernate(ctx, d)
+			p.watch(ctx)
 			return
 		}
 		p.d.State.endHibernate(p.d.Now())
@@ -248,7 +260,16 @@ func (p *poller) maybePoll(ctx actor.Context) {
 		p.d.Log.Debug().Int("active", p.d.Ledger.Active()).Msg("no free permit; not polling")
 		return
 	}
-	p.startPoll(ctx)
+	p.startPoll(ctx, false)
+}
+
+// watch opens a hibernation's watch poll, when the control plane offers
+// it and nothing else is in flight.
+func (p *poller) watch(ctx actor.Context) {
+	if p.stopped || p.inflight != 0 || p.retryGen != 0 || p.hibGen == 0 || !p.d.State.canWatch() {
+		return
+	}
+	p.startPoll(ctx, true)
 }
 
 func (p *poller) startHello(ctx actor.Context) {
@@ -286,14 +307,14 @@ func (p *poller) helloDone(ctx actor.Context, m *helloDone) {
 	if m.resp.WorkerID != nil && *m.resp.WorkerID != "" {
 		id, provisional = *m.resp.WorkerID, false
 	}
-	p.d.State.register(id, m.resp.Cursor)
+	p.d.State.register(id, m.resp.Cursor, m.resp.HibernateWake)
 	p.d.State.resetBackoff()
 	p.d.Log.Info().Str("worker_id", id).Bool("provisional", provisional).Msg("hello accepted")
 	ctx.Send(ctx.Parent(), &messages.Registered{WorkerID: id, Provisional: provisional})
 	p.maybePoll(ctx)
 }
 
-func (p *poller) startPoll(ctx actor.Context) {
+func (p *poller) startPoll(ctx actor.Context, watch bool) {
 	seq := p.d.State.nextSeq()
 	caps, version := p.d.State.pendingCaps()
 	req := &messages.PollRequest{
@@ -303,9 +324,10 @@ func (p *poller) startPoll(ctx actor.Context) {
 		Cursor:              p.d.State.Cursor(),
 		Invocations:         p.d.Ledger.Running(),
 		UpdatedCapabilities: caps,
+		Hibernating:         watch,
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), p.d.RequestTimeout)
-	p.inflight, p.cancelReq, p.pollingNow = seq, cancel, true
+	p.inflight, p.cancelReq, p.pollingNow, p.watching = seq, cancel, true, watch
 	sys, self, server := ctx.ActorSystem(), ctx.Self(), p.d.Server
 	go func() {
 		defer cancel()
@@ -319,6 +341,8 @@ func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
 		return // abandoned or from a previous incarnation
 	}
 	p.inflight, p.cancelReq = 0, nil
+	watched := p.watching
+	p.watching = false
 	if p.stopped {
 		return
 	}
@@ -335,6 +359,22 @@ func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
 	p.d.State.resetBackoff()
 	p.d.State.capsShipped(m.capsVersion)
 	cmds := m.resp.Commands
+	if watched {
+		if len(cmds) == 0 {
+			p.d.State.setCursor(cursorOr(m.resp.Cursor, p.d.State.Cursor()))
+			p.watch(ctx)
+			return
+		}
+		// The control plane answers a watch poll only once a wake is
+		// queued: the hibernation ends now, and the batch (the wake
+		// last) is handled as any other.
+		if p.cancelHib != nil {
+			p.cancelHib()
+		}
+		p.hibGen, p.cancelHib = 0, nil
+		p.d.State.endHibernate(p.d.Now())
+		p.d.Log.Info().Int("commands", len(cmds)).Msg("woken before the hibernation's deadline")
+	}
 	for i, c := range cmds {
 		if !p.d.State.firstTime(c.ID) {
 			p.d.Log.Info().Str("command_id", c.ID).Str("kind", c.Kind).Msg("command already handled; skipped")
@@ -434,9 +474,13 @@ func (p *poller) hibernate(ctx actor.Context, h *messages.Hibernate) {
 	}
 	p.d.State.setHibernate(until)
 	p.scheduleHibernate(ctx, d)
+	p.watch(ctx)
 }
 
 func (p *poller) scheduleHibernate(ctx actor.Context, d time.Duration) {
+	if p.cancelHib != nil {
+		p.cancelHib()
+	}
 	p.hibGen = p.d.State.nextSeq()
 	p.cancelHib = p.sched.SendOnce(d, ctx.Self(), &hibernateOver{gen: p.hibGen})
 }

@@ -32,7 +32,10 @@ type State struct {
 	caps        *messages.Capabilities
 	capsVersion uint64
 	hibernate   time.Time
-	idleSince   time.Time
+	// wakeable: the control plane's hello offered to answer a watch poll
+	// when a wake is queued (HelloResponse.HibernateWake).
+	wakeable  bool
+	idleSince time.Time
 	// singleJob names the one job a single-job daemon took ("exec X"),
 	// empty before it took one.
 	singleJob string
@@ -89,12 +92,22 @@ func (s *State) isRegistered() bool {
 	return s.registered
 }
 
-func (s *State) register(workerID string, cursor *string) {
+func (s *State) register(workerID string, cursor *string, wakeable bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.registered = true
 	s.workerID = workerID
 	s.cursor = cursor
+	s.wakeable = wakeable
+}
+
+// canWatch reports whether a hibernation may keep a watch poll open: the
+// control plane offered it and speaks the cursor (so an answer it gives
+// loses nothing if abandoned).
+func (s *State) canWatch() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.registered && s.wakeable && s.cursor != nil
 }
 
 // unregister makes the next request a hello again; the worker id and the

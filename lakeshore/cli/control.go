@@ -104,6 +104,36 @@ plane refuses a deadline in the past. --json prints {commandId, workerId, kind}.
 	})
 }
 
+func (a *app) daemonWakeCmd() *cobra.Command {
+	return daemonVerb(a, onDaemon[operatorapi.Woken]{
+		use:   "wake <daemon>",
+		short: "End a daemon's hibernation now",
+		long: `End a daemon's hibernation now, and withdraw the hibernates queued for it that
+it has not been sent yet. The wake is a hibernate whose deadline is now, which
+every daemon understands: nymph keeps a watch poll open while it hibernates and
+polls again at once; a daemon that does not (an older one) takes the wake when
+its hibernation ends, at the deadline printed. On an awake daemon it only
+withdraws queued hibernates.
+--json prints {commandId, workerId, kind, hibernatingUntil}: the deadline the
+wake ends (absent when the daemon was awake).`,
+		example: `  lakeshore daemon wake gpu-rig`,
+		call: func(ctx context.Context, c *opclient.Client, w operatorapi.Worker) (operatorapi.Woken, error) {
+			return c.Wake(ctx, w.ID)
+		},
+		text: func(out io.Writer, w operatorapi.Worker, r operatorapi.Woken) error {
+			if r.HibernatingUntil == nil {
+				_, err := fmt.Fprintf(out, "%s was not hibernating; queued hibernates are withdrawn (command %s)\n", describe(w), r.CommandID)
+				return err
+			}
+			now := a.env.Now()
+			_, err := fmt.Fprintf(out, "woke %s, which was hibernating until %s (%s): nymph polls again at once; "+
+				"a daemon that does not watch for a wake polls at that deadline (command %s)\n",
+				describe(w), r.HibernatingUntil.Local().Format(time.RFC3339), ago(now, *r.HibernatingUntil), r.CommandID)
+			return err
+		},
+	})
+}
+
 func (a *app) daemonResetCmd() *cobra.Command {
 	return a.queueVerb(onDaemon[operatorapi.Queued]{
 		use:   "reset <daemon>",

@@ -38,7 +38,7 @@ gone nor stale wins; when a name is still ambiguous the candidates are listed.
 		a.daemonShowCmd(),
 		a.daemonExecCmd(),
 		a.daemonSetupCmd(),
-		a.daemonHibernateCmd(),
+		a.daemonHibernateCmd(), a.daemonWakeCmd(),
 		a.daemonResetCmd(),
 		a.daemonCancelCmd(),
 		a.daemonCommandsCmd(),

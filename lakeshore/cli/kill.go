@@ -227,17 +227,17 @@ nothing is deleted and lakeshore exits 0.
 					return writeJSON(a.env.Stdout, preview)
 				}
 				if preview.Count == 0 {
-					_, err := fmt.Fprintf(a.env.Stdout, "no daemon unseen for more than %s\n", olderThan)
+					_, err := fmt.Fprintf(a.env.Stdout, "no daemon unseen for more than %s\n", span(age))
 					return err
 				}
-				fmt.Fprintf(a.env.Stdout, "would delete %s unseen for more than %s:\n", plural(preview.Count, "daemon"), olderThan)
+				fmt.Fprintf(a.env.Stdout, "would delete %s unseen for more than %s:\n", plural(preview.Count, "daemon"), span(age))
 				return a.printWorkerTable(a.env.Stdout, preview.Deleted, c.Namespace())
 			}
 			if !yes {
 				_ = a.printWorkerTable(a.env.Stderr, preview.Deleted, c.Namespace())
 			}
 			n := plural(preview.Count, "daemon")
-			if ok, err := a.approve(ctx, yes, fmt.Sprintf("Delete %s unseen for more than %s?", n, olderThan), "delete "+n); !ok {
+			if ok, err := a.approve(ctx, yes, fmt.Sprintf("Delete %s unseen for more than %s?", n, span(age)), "delete "+n); !ok {
 				return err
 			}
 			req.DryRun = false

@@ -46,21 +46,24 @@ func ago(now, t time.Time) string {
 }
 
 // span renders a duration the way a person reads it: 45s, 12m, 3h5m, 4d.
+// It rounds to the unit it shows, so a deadline 3d away that is read a
+// moment later is still "3d", not "2d".
 func span(d time.Duration) string {
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm", int(d.Minutes()))
-	case d < 48*time.Hour:
-		h := int(d.Hours())
-		if m := int(d.Minutes()) % 60; m != 0 && h < 10 {
-			return fmt.Sprintf("%dh%dm", h, m)
-		}
-		return fmt.Sprintf("%dh", h)
-	default:
-		return fmt.Sprintf("%dd", int(d.Hours()/24))
+	if s := d.Round(time.Second); s < time.Minute {
+		return fmt.Sprintf("%ds", int(s.Seconds()))
 	}
+	if m := d.Round(time.Minute); m < time.Hour {
+		return fmt.Sprintf("%dm", int(m.Minutes()))
+	} else if m < 10*time.Hour {
+		if h, mins := int(m.Hours()), int(m.Minutes())%60; mins != 0 {
+			return fmt.Sprintf("%dh%dm", h, mins)
+		}
+		return fmt.Sprintf("%dh", int(m.Hours()))
+	}
+	if h := d.Round(time.Hour); h < 48*time.Hour {
+		return fmt.Sprintf("%dh", int(h.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Round(24*time.Hour).Hours()/24))
 }
 
 func orDash(s string) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -21,12 +22,19 @@ type UpdateOutcome struct {
 	Error    string                    `json:"error,omitempty"`
 	Update   *operatorapi.UpdateQueued `json:"update,omitempty"`
 	Queues   *operatorapi.WorkerQueues `json:"queues,omitempty"`
+	// With --wait: the version the daemon reports when the wait ended, and
+	// why it does not run the new one (refused, or the wait ran out).
+	ReportedVersion string `json:"reportedVersion,omitempty"`
+	WaitError       string `json:"waitError,omitempty"`
 }
 
 // UpdateSummary is the --json output of `daemon update --all|--prefix`.
+// Count daemons were asked, Failed of them could not be queued; with
+// --wait, Updated report the new version.
 type UpdateSummary struct {
 	Count   int             `json:"count"`
 	Failed  int             `json:"failed"`
+	Updated *int            `json:"updated,omitempty"`
 	Results []UpdateOutcome `json:"results"`
 }
 
@@ -34,6 +42,8 @@ type updateFlags struct {
 	prefix                 string
 	all, yes, jsonOut      bool
 	byID                   bool
+	wait                   bool
+	waitFor                time.Duration
 	req                    operatorapi.UpdateRequest
 	addQueues, removeQueue []string
 }
@@ -73,6 +83,12 @@ confirmation on a terminal (--yes skips the question; without a terminal and
 without --yes nothing is queued and lakeshore exits 0), then print one line per
 daemon and a summary. The exit code is 1 if any daemon failed.
 
+An update is queued: each daemon takes it on its next poll and reports the new
+version once it has restarted into it. --wait waits for that (with a progress
+line on a terminal) for up to --wait-for (10m), then says which daemons run the
+new version and which do not, and why (refused, or still on the old one); the
+exit code is 1 if any does not.
+
 --add-queue Q and --remove-queue Q (repeatable) edit queue membership instead;
 adding to a queue that does not exist is an error (lakeshore queue create). A
 queue edit queues no update unless --version, --url or --sha256 is also given.
@@ -83,6 +99,7 @@ its next hello.
 currentVersion}, or the queue edit {workerId, queues, lanes, added, removed};
 fanned out, {count, failed, results: [...]}.`,
 		Example: `  lakeshore daemon update gpu-rig --version 0.1.10
+  lakeshore daemon update --all --yes --wait
   lakeshore daemon update gpu-rig
   lakeshore daemon update --prefix fleet --yes
   lakeshore daemon update gpu-rig --url https://example.org/nymph-0.1.10 --sha256 <hex>
@@ -117,6 +134,8 @@ fanned out, {count, failed, results: [...]}.`,
 	fs.StringArrayVar(&f.removeQueue, "remove-queue", nil, "remove the daemon from this queue (repeatable)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
 	fs.BoolVar(&f.byID, "id", false, "take <daemon> as a literal worker id")
+	fs.BoolVar(&f.wait, "wait", false, "wait until the daemons report the new version")
+	fs.DurationVar(&f.waitFor, "wait-for", defaultUpdateWait, "how long --wait waits (e.g. 90s, 15m)")
 	return cmd
 }
 
@@ -173,6 +192,23 @@ func (a *app) updateOne(ctx context.Context, c *opclient.Client, arg string, f *
 		if o.Queues != nil && !f.jsonOut {
 			o.OK = true
 			fmt.Fprintln(a.env.Stdout, outcomeText(w, o))
+		}
+		return err
+	}
+	if f.wait && o.Update != nil {
+		outs := []UpdateOutcome{o}
+		updated, err := a.waitForVersions(ctx, c, outs, f.waitFor)
+		if err != nil {
+			return err
+		}
+		if f.jsonOut {
+			err = writeJSON(a.env.Stdout, outs[0])
+		} else {
+			fmt.Fprintln(a.env.Stdout, outcomeText(w, o))
+			waitReport(a.env.Stdout, outs, updated, 1)
+		}
+		if err == nil && updated == 0 {
+			err = exitWith(ExitError, fmt.Errorf("%s does not run nymph %s: %s", describe(w), o.Update.Version, outs[0].WaitError))
 		}
 		return err
 	}
@@ -256,15 +292,38 @@ func (a *app) updateMany(ctx context.Context, c *opclient.Client, f *updateFlags
 		}
 	}
 	sum.Count = len(sum.Results)
+	done := "done"
+	if f.ota() {
+		// Queued is all that has happened: each daemon takes its update
+		// on its next poll.
+		done = "queued"
+	}
+	if !f.jsonOut {
+		fmt.Fprintf(a.env.Stdout, "%d of %s %s, %d failed\n", sum.Count-sum.Failed, n, done, sum.Failed)
+	}
+	asked := sum.Count - sum.Failed
+	if f.wait && f.ota() && asked > 0 {
+		updated, err := a.waitForVersions(ctx, c, sum.Results, f.waitFor)
+		if err != nil {
+			return err
+		}
+		sum.Updated = &updated
+		if !f.jsonOut {
+			waitReport(a.env.Stdout, sum.Results, updated, asked)
+		}
+	} else if f.ota() && !f.jsonOut && asked > 0 {
+		fmt.Fprintln(a.env.Stdout, "each daemon takes its update on its next poll; --wait waits until they report the new version")
+	}
 	if f.jsonOut {
 		if err := writeJSON(a.env.Stdout, sum); err != nil {
 			return err
 		}
-	} else {
-		fmt.Fprintf(a.env.Stdout, "%d of %s done, %d failed\n", sum.Count-sum.Failed, n, sum.Failed)
 	}
 	if sum.Failed > 0 {
 		return exitWith(ExitError, fmt.Errorf("%d of %s failed", sum.Failed, n))
+	}
+	if sum.Updated != nil && *sum.Updated < asked {
+		return exitWith(ExitError, fmt.Errorf("%d of %s not updated to nymph %s", asked-*sum.Updated, plural(asked, "daemon"), version))
 	}
 	return nil
 }

@@ -197,7 +197,7 @@ func TestReleaseTargetAndUpdate(t *testing.T) {
 	}
 	r = cp.run(runOpts{stdinTTY: true, stdin: "y\n"}, "daemon", "update", "--prefix", "fleet")
 	if r.code != 0 || !strings.Contains(r.stderr, "Update 2 daemons to nymph 0.2.0?") || strings.Count(r.stdout, "queued ota_update") != 2 ||
-		!strings.Contains(r.stdout, "2 of 2 daemons done, 0 failed") {
+		!strings.Contains(r.stdout, "2 of 2 daemons queued, 0 failed") {
 		t.Fatalf("confirmed fan-out: %+v", r)
 	}
 	if len(cp.otaUpdates(a)) != 1 || len(cp.otaUpdates(b)) != 1 {
@@ -216,7 +216,7 @@ func TestReleaseTargetAndUpdate(t *testing.T) {
 		}
 	}
 	r = cp.run(runOpts{}, "daemon", "update", "--all", "--yes", "--version", "9.9.9")
-	if r.code != cli.ExitError || strings.Count(r.stdout, "error:") != 3 || !strings.Contains(r.stdout, "0 of 3 daemons done, 3 failed") {
+	if r.code != cli.ExitError || strings.Count(r.stdout, "error:") != 3 || !strings.Contains(r.stdout, "0 of 3 daemons queued, 3 failed") {
 		t.Fatalf("--all, nothing published: %+v", r)
 	}
 

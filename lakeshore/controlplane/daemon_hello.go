@@ -108,6 +108,7 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		ServerTimeEpochS:   &epoch,
 		KeyID:              keyID,
 		KeyRotationMaxAgeS: s.keyRotationMaxAgeS(),
+		HibernateWake:      true,
 	})
 }
 

@@ -1,11 +1,14 @@
 package controlplane
 
 import (
+	"context"
 	"math"
 	"net/http"
 	"strconv"
 	"time"
 	"unsafe"
+
+	"github.com/rs/zerolog"
 
 	"nymph/lakeshore/store"
 	"nymph/messages"
@@ -21,6 +24,7 @@ var pollChecks = []check{
 	{path: "updated_capabilities.runners", kind: kStrings},
 	{path: "updated_capabilities.max_invocations", kind: kUint32},
 	{path: "updated_capabilities.workdir", kind: kString},
+	{path: "hibernating", kind: kBool},
 }
 
 // invocationStatusCost is what one element of invocations decodes to: the
@@ -85,6 +89,17 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	if req.Hibernating {
+		// A watch poll: the daemon sleeps through its hibernation, and
+		// is answered with commands only once a wake is queued.
+		switch s.watchForWake(r.Context(), wk.ID, after, timer.C, log) {
+		case parkGone:
+			return
+		case parkOver:
+			s.writePollResponse(w, r, wk, after, nil, false, log)
+			return
+		}
+	}
 	var cmds []store.Command
 	for {
 		woken, release := s.wake.subscribe(workerKey(wk.ID))
@@ -117,6 +132,11 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 		return
 	}
 
+	s.writePollResponse(w, r, wk, after, cmds, legacy, log)
+}
+
+// writePollResponse answers a poll with cmds and the cursor past them.
+func (s *Server) writePollResponse(w http.ResponseWriter, r *http.Request, wk store.Worker, after int64, cmds []store.Command, legacy bool, log zerolog.Logger) {
 	next := max(after, wk.AckedSeq)
 	resp := &messages.PollResponse{Commands: make([]messages.Command, 0, len(cmds))}
 	for _, c := range cmds {
@@ -136,6 +156,27 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 		log.Debug().Int("commands", len(cmds)).Str("cursor", cur).Bool("legacy", legacy).Msg("commands delivered")
 	}
 	writeMsgpack(w, http.StatusOK, resp)
+}
+
+// watchForWake parks a watch poll until a wake is queued for the worker
+// after seq after (parkWoken), the poll's time is up (parkOver) or the
+// daemon goes away (parkGone). A store error ends the watch as if woken:
+// the ordinary take that follows reports it.
+func (s *Server) watchForWake(ctx context.Context, workerID string, after int64, timeout <-chan time.Time, log zerolog.Logger) parkEnd {
+	for {
+		woken, release := s.wake.subscribe(workerKey(workerID))
+		pending, err := s.st.WakePending(ctx, workerID, after)
+		if err != nil || pending {
+			release()
+			if pending {
+				log.Info().Msg("wake queued for a hibernating daemon; its watch poll answers")
+			}
+			return parkWoken
+		}
+		if res := s.park(ctx, workerKey(workerID), woken, release, timeout); res != parkWoken {
+			return res
+		}
+	}
 }
 
 func (s *Server) decodePoll(w http.ResponseWriter, r *http.Request) (messages.PollRequest, *int64, error) {

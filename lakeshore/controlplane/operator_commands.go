@@ -104,7 +104,7 @@ func (s *Server) handleSetup(w http.ResponseWriter, r *http.Request) {
 			return nil, nil, err
 		}
 		if req.Script == "" {
-			return nil, nil, badField(http.StatusBadRequest, "script", "missing or empty")
+			return nil, nil, badField(http.StatusBadRequest, "script", "no setup script was given: send the script's text (lakeshore daemon setup --script PATH)")
 		}
 		setup := &messages.Setup{Script: req.Script, Sudo: req.Sudo, RefreshCapabilities: req.RefreshCapabilities}
 		if req.Name != "" {
@@ -125,10 +125,11 @@ func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request) {
 		}
 		now := s.now()
 		if req.UntilEpochS == 0 {
-			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "missing")
+			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "no deadline was given: send it in unix seconds (lakeshore daemon hibernate --until +30m)")
 		}
 		if req.UntilEpochS <= now.Unix() {
-			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "deadline %d is in the past (now %d)", req.UntilEpochS, now.Unix())
+			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "deadline %s is in the past (it is now %s); give a later one",
+				time.Unix(req.UntilEpochS, 0).UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 		}
 		if req.UntilEpochS > now.Add(maxHibernate).Unix() {
 			return nil, nil, badField(http.StatusBadRequest, "untilEpochS", "deadline is more than ten years away")
@@ -136,6 +137,37 @@ func (s *Server) handleHibernate(w http.ResponseWriter, r *http.Request) {
 		until := time.Unix(req.UntilEpochS, 0).UTC()
 		return &messages.Hibernate{UntilEpochS: messages.Epoch(req.UntilEpochS)}, &until, nil
 	})
+}
+
+// handleWake queues a wake: a hibernate whose deadline is now (see
+// operatorapi.Woken for why that and not a new kind).
+func (s *Server) handleWake(w http.ResponseWriter, r *http.Request) {
+	wk, err := s.resolveWorker(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	body, err := readBody(w, r, limitCommand)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	var ignored struct{}
+	if err := decodeJSON(body, &ignored); err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	now := time.Unix(s.now().Unix(), 0).UTC()
+	c, err := s.enqueue(r, wk, messages.KindHibernate, &messages.Hibernate{UntilEpochS: messages.Epoch(now.Unix())}, nil, &now)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	out := operatorapi.Woken{Queued: operatorapi.Queued{CommandID: c.ID, WorkerID: wk.ID, Kind: messages.KindHibernate}}
+	// The hibernation in force is the one delivered, not one the wake
+	// withdrew; the store says which as it queues the wake.
+	out.HibernatingUntil = c.Ends
+	writeJSON(w, http.StatusAccepted, out)
 }
 
 func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {

@@ -26,7 +26,7 @@ const (
 // buildExec validates an operator's exec request and makes the command body.
 func (s *Server) buildExec(r *http.Request, req operatorapi.ExecRequest, execID string) (*messages.Exec, error) {
 	if strings.TrimSpace(req.Command) == "" {
-		return nil, badField(http.StatusBadRequest, "command", "missing or empty")
+		return nil, badField(http.StatusBadRequest, "command", "no command was given: send the shell command to run")
 	}
 	if math.IsNaN(req.TimeoutS) || req.TimeoutS < 0 || req.TimeoutS > 365*24*3600 {
 		return nil, badField(http.StatusBadRequest, "timeoutS", "must be between 0 (none) and one year in seconds")
@@ -175,7 +175,7 @@ func (s *Server) queueExec(w http.ResponseWriter, r *http.Request) (workerPicker
 		return nil, req, err
 	}
 	if req.Queue == "" {
-		return nil, req, badField(http.StatusBadRequest, "queue", "missing or empty")
+		return nil, req, badField(http.StatusBadRequest, "queue", "no queue was given: name the queue whose members may run the exec")
 	}
 	if _, err := s.buildExec(r, req, "check"); err != nil {
 		return nil, req, err

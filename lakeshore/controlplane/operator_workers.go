@@ -8,7 +8,6 @@ import (
 
 	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
-	"nymph/messages"
 )
 
 // namespace reads and checks {ns}.
@@ -80,7 +79,7 @@ func (s *Server) workerView(w store.Worker, now time.Time) operatorapi.Worker {
 		Tags:        w.Tags,
 		Queues:      w.Queues,
 		Runners:     w.Capabilities.Runners,
-		Capabilities: messages.Capabilities{
+		Capabilities: operatorapi.Capabilities{
 			Runners: w.Capabilities.Runners, MaxInvocations: w.Capabilities.MaxInvocations, Workdir: w.Capabilities.Workdir,
 		},
 		Versions:     json.RawMessage(w.Versions),

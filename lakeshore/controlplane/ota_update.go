@@ -156,7 +156,7 @@ func (s *Server) resolveUpdate(r *http.Request, wk store.Worker, req operatorapi
 		}
 		if target == nil {
 			return nil, badField(http.StatusBadRequest, "version",
-				"missing, and namespace %q has no target version to fall back to; give one or set the target with `lakeshore daemon set-target-version`", wk.Namespace)
+				"no version was given, and namespace %q has no target version to fall back to: pass --version V, or set the target with `lakeshore daemon set-target-version V`", wk.Namespace)
 		}
 		version = *target
 	}
@@ -243,7 +243,7 @@ func (s *Server) checksumOf(r *http.Request, u *url.URL) (string, error) {
 	sum, err := dist.FetchChecksum(r.Context(), s.rel.client, u.String())
 	if err != nil {
 		return "", badField(http.StatusConflict, "sha256",
-			"none given, and the checksum could not be read from the sidecar of the URL: %v; give it explicitly", err)
+			"no sha256 was given, and the checksum could not be read from the URL's sidecar (the URL with .sha256 appended): %v; pass --sha256 with the binary's 64 hex characters", err)
 	}
 	return sum, nil
 }

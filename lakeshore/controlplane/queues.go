@@ -39,7 +39,7 @@ func (s *Server) handleCreateQueue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Name == "" {
-		writeOperatorError(w, badField(http.StatusBadRequest, "name", "missing or empty"))
+		writeOperatorError(w, badField(http.StatusBadRequest, "name", "no queue name was given"))
 		return
 	}
 	if !queueNameRe().MatchString(req.Name) {

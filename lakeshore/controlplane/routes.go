@@ -41,6 +41,7 @@ func (s *Server) routes() *http.ServeMux {
 		{operatorapi.RouteGetExec, s.adminAuth(s.handleGetExec)},
 		{operatorapi.RouteSetup, s.adminAuth(s.handleSetup)},
 		{operatorapi.RouteHibernate, s.adminAuth(s.handleHibernate)},
+		{operatorapi.RouteWake, s.adminAuth(s.handleWake)},
 		{operatorapi.RouteReset, s.adminAuth(s.handleReset)},
 		{operatorapi.RouteCancel, s.adminAuth(s.handleCancel)},
 		{operatorapi.RouteCreateToken, s.adminAuth(s.handleCreateToken)},

@@ -181,6 +181,12 @@ func (c *Client) Hibernate(ctx context.Context, workerID string, until time.Time
 	return call[operatorapi.Queued](ctx, c, operatorapi.RouteHibernate, params{"id": workerID}, nil, operatorapi.HibernateRequest{UntilEpochS: secs})
 }
 
+// Wake queues a wake on a worker (RouteWake): its hibernation ends now,
+// and the hibernates not yet delivered to it are withdrawn.
+func (c *Client) Wake(ctx context.Context, workerID string) (operatorapi.Woken, error) {
+	return call[operatorapi.Woken](ctx, c, operatorapi.RouteWake, params{"id": workerID}, nil, struct{}{})
+}
+
 // Reset queues a reset_backoff command on a worker (RouteReset).
 func (c *Client) Reset(ctx context.Context, workerID string) (operatorapi.Queued, error) {
 	return call[operatorapi.Queued](ctx, c, operatorapi.RouteReset, params{"id": workerID}, nil, struct{}{})

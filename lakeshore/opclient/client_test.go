@@ -93,7 +93,7 @@ func TestListAndGetWorkers(t *testing.T) {
 	f, c := newFakeCP(t)
 	seen := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	f.handle(operatorapi.RouteListWorkers, 200, operatorapi.WorkerList{Workers: []operatorapi.Worker{
-		{ID: "w1", Label: "gpu-a", State: operatorapi.StateActive, LastSeenAt: seen, Capabilities: messages.Capabilities{Runners: []string{"process"}}},
+		{ID: "w1", Label: "gpu-a", State: operatorapi.StateActive, LastSeenAt: seen, Capabilities: operatorapi.Capabilities{Runners: []string{"process"}}},
 	}})
 	f.handle(operatorapi.RouteGetWorker, 200, operatorapi.Worker{ID: "w1", Label: "gpu-a"}, "id")
 

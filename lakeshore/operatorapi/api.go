@@ -22,6 +22,7 @@ const (
 	RouteGetExec      = "GET /v1/namespaces/{ns}/execs/{exec_id}"
 	RouteSetup        = "POST /v1/namespaces/{ns}/workers/{id}/setup"
 	RouteHibernate    = "POST /v1/namespaces/{ns}/workers/{id}/hibernate"
+	RouteWake         = "POST /v1/namespaces/{ns}/workers/{id}/wake"
 	RouteReset        = "POST /v1/namespaces/{ns}/workers/{id}/reset"
 	RouteCancel       = "POST /v1/namespaces/{ns}/workers/{id}/cancel"
 	RouteCreateToken  = "POST /v1/tokens"
@@ -51,24 +52,24 @@ const StaleAfter = 60 * time.Second
 
 // Worker is one daemon as the operator sees it.
 type Worker struct {
-	ID           string                `json:"id"`
-	Namespace    string                `json:"namespace"`
-	MachineID    string                `json:"machineId"`
-	Label        string                `json:"label"`
-	State        string                `json:"state"`
-	StoredState  string                `json:"storedState"`
-	Tags         []string              `json:"tags"`
-	Queues       []string              `json:"queues"`
-	Runners      []string              `json:"runners"`
-	Capabilities messages.Capabilities `json:"capabilities"`
-	Versions     json.RawMessage       `json:"versions"`
-	PollQueue    string                `json:"pollQueue"`
-	CreatedAt    time.Time             `json:"createdAt"`
-	LastSeenAt   time.Time             `json:"lastSeenAt"`
-	Hibernating  *time.Time            `json:"hibernatingUntil,omitempty"`
-	SetupPending int                   `json:"setupPending"`
-	Running      []InvocationStatus    `json:"running"`
-	Keys         []KeyInfo             `json:"keys"`
+	ID           string             `json:"id"`
+	Namespace    string             `json:"namespace"`
+	MachineID    string             `json:"machineId"`
+	Label        string             `json:"label"`
+	State        string             `json:"state"`
+	StoredState  string             `json:"storedState"`
+	Tags         []string           `json:"tags"`
+	Queues       []string           `json:"queues"`
+	Runners      []string           `json:"runners"`
+	Capabilities Capabilities       `json:"capabilities"`
+	Versions     json.RawMessage    `json:"versions"`
+	PollQueue    string             `json:"pollQueue"`
+	CreatedAt    time.Time          `json:"createdAt"`
+	LastSeenAt   time.Time          `json:"lastSeenAt"`
+	Hibernating  *time.Time         `json:"hibernatingUntil,omitempty"`
+	SetupPending int                `json:"setupPending"`
+	Running      []InvocationStatus `json:"running"`
+	Keys         []KeyInfo          `json:"keys"`
 	// SingleJob: the daemon said in hello that it takes one job and exits
 	// (keep_alive_s = 0). SingleJobTaken: it has that job, handed over or
 	// queued for it, and is given no other; once handed over it polls no
@@ -80,6 +81,14 @@ type Worker struct {
 	// and update outcomes, newest first (at most WorkerOutcomesShown).
 	LastSetup *WorkerOutcome  `json:"lastSetup,omitempty"`
 	Outcomes  []WorkerOutcome `json:"outcomes,omitempty"`
+}
+
+// Capabilities is what a daemon last said it can run, with the operator
+// API's camelCase keys (the daemon's wire form is messages.Capabilities).
+type Capabilities struct {
+	Runners        []string `json:"runners"`
+	MaxInvocations uint32   `json:"maxInvocations"`
+	Workdir        string   `json:"workdir"`
 }
 
 // InvocationStatus mirrors what the daemon last reported on poll.
@@ -177,6 +186,18 @@ type Queued struct {
 	CommandID string `json:"commandId"`
 	WorkerID  string `json:"workerId"`
 	Kind      string `json:"kind"`
+}
+
+// Woken answers RouteWake. The wake is a hibernate whose deadline is the
+// moment it was queued: every daemon understands it (an old one only once
+// the hibernation it serves is over), and it withdraws the hibernates not
+// yet delivered. HibernatingUntil is the hibernation in force when it was
+// queued (absent: the daemon was awake). A daemon that keeps a watch poll
+// open while it hibernates (nymph does, with this control plane) polls
+// again at once; one that does not takes the wake at that deadline.
+type Woken struct {
+	Queued
+	HibernatingUntil *time.Time `json:"hibernatingUntil,omitempty"`
 }
 
 // HibernateRequest: Until is unix seconds; a deadline in the past is a 400.

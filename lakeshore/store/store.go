@@ -174,13 +174,18 @@ type Workers interface {
 type Commands interface {
 	// Enqueue appends a command to a worker's queue, and with it the exec row
 	// when e is non-nil (atomically). A setup command puts an active or
-	// joining worker into setting_up; a hibernate records HibernatingUntil.
+	// joining worker into setting_up. A hibernate records HibernatingUntil
+	// on a worker that is not hibernating; one queued behind the
+	// hibernation in force is recorded when Take delivers it, so the worker
+	// shows the deadline it serves. A wake (a hibernate whose HibernateUntil
+	// is not after Now) withdraws the hibernates not yet delivered.
 	// A job for a single-job worker that already has its job (Worker.HasJob)
 	// is refused with a *SingleJobError.
 	Enqueue(ctx context.Context, c NewCommand, e *NewExec) (Command, error)
 	// Take returns up to limit unacknowledged commands of a worker with
 	// seq > after, in order, ending early after a hibernate (the daemon
-	// drops whatever follows one in a batch). They are marked delivered and
+	// drops whatever follows one in a batch), whose deadline becomes the
+	// worker's HibernatingUntil. They are marked delivered and
 	// their execs running; with ackNow they are acknowledged at once (the
 	// legacy delete-on-delivery), on behalf of the worker's current
 	// incarnation. A single-job worker is handed one job at
@@ -190,6 +195,9 @@ type Commands interface {
 	// delivered again as long as it is not acknowledged (an answer lost on
 	// the way). An unknown worker is ErrNotFound.
 	Take(ctx context.Context, workerID string, after int64, limit int, ackNow bool, now time.Time) ([]Command, error)
+	// WakePending reports whether a wake waits unacknowledged after seq
+	// after: what a hibernating daemon's watch poll waits for.
+	WakePending(ctx context.Context, workerID string, after int64) (bool, error)
 	// ListCommands returns a worker's commands in sequence order.
 	ListCommands(ctx context.Context, workerID string) ([]Command, error)
 	// Command returns one command by id, whatever its worker and state.
@@ -373,7 +381,8 @@ type NewCommand struct {
 	Kind     string
 	Body     []byte
 	Now      time.Time
-	// HibernateUntil is recorded on the worker for a hibernate command.
+	// HibernateUntil is a hibernate command's deadline (see Enqueue); not
+	// after Now, the command is a wake.
 	HibernateUntil *time.Time
 }
 
@@ -387,6 +396,9 @@ type Command struct {
 	CreatedAt   time.Time
 	DeliveredAt *time.Time
 	AckedAt     *time.Time
+	// Ends, from Enqueue of a wake only, is the deadline of the hibernation
+	// in force that the wake ends (nil: the worker was not hibernating).
+	Ends *time.Time
 }
 
 // State is queued, delivered or acked.

@@ -9,16 +9,32 @@ import (
 
 	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
+	"nymph/messages"
 )
 
 // Enqueue implements store.Commands.
 func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec) (store.Command, error) {
 	out := store.Command{ID: c.ID, WorkerID: c.WorkerID, Kind: c.Kind, Body: c.Body, CreatedAt: fromMs(ms(c.Now))}
 	var hib any
+	wake := false
 	if c.Kind == store.KindHibernate && c.HibernateUntil != nil {
 		hib = msPtr(c.HibernateUntil)
+		wake = !c.HibernateUntil.After(c.Now)
 	}
 	err := db.tx(ctx, func(tx querier) error {
+		if wake {
+			// A wake supersedes the hibernates not yet delivered: the
+			// daemon is wanted awake, not asleep again after this one.
+			if _, err := tx.Exec(ctx, `DELETE FROM commands WHERE worker_id = ? AND kind = ? AND delivered_at IS NULL AND acked_at IS NULL`,
+				c.WorkerID, store.KindHibernate); err != nil {
+				return fmt.Errorf("withdraw queued hibernates: %w", err)
+			}
+			ends, err := hibernationDelivered(ctx, tx, c.WorkerID, c.Now)
+			if err != nil {
+				return err
+			}
+			out.Ends = ends
+		}
 		if store.IsJob(c.Kind) {
 			// Under the worker's row lock: of two jobs racing for a
 			// single-job worker, one is refused.
@@ -34,11 +50,14 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 			}
 		}
 		// The increment takes the worker's row lock: concurrent enqueues on
-		// any replica get consecutive sequence numbers.
+		// any replica get consecutive sequence numbers. A hibernate shows
+		// at once on a worker that is awake; one queued behind the
+		// hibernation in force shows when it is delivered (Take).
 		err := tx.QueryRow(ctx, `UPDATE workers SET last_seq = last_seq + 1,
 			state = CASE WHEN CAST(? AS TEXT) = 'setup' AND state IN ('active', 'joining') THEN 'setting_up' ELSE state END,
-			hibernating_until = COALESCE(CAST(? AS BIGINT), hibernating_until)
-			WHERE id = ? RETURNING last_seq`, c.Kind, hib, c.WorkerID).Scan(&out.Seq)
+			hibernating_until = CASE WHEN hibernating_until IS NULL OR hibernating_until <= ?
+				THEN COALESCE(CAST(? AS BIGINT), hibernating_until) ELSE hibernating_until END
+			WHERE id = ? RETURNING last_seq`, c.Kind, ms(c.Now), hib, c.WorkerID).Scan(&out.Seq)
 		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("worker", c.WorkerID)
 		}
@@ -109,6 +128,11 @@ func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int,
 			return nil
 		}
 		first, last := out[0].Seq, out[len(out)-1].Seq
+		if end := out[len(out)-1]; end.Kind == store.KindHibernate {
+			if err := hibernationInForce(ctx, tx, workerID, end, now); err != nil {
+				return err
+			}
+		}
 		var acked any
 		if ackNow {
 			acked = ms(now)
@@ -148,6 +172,89 @@ func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int,
 		return nil, fmt.Errorf("take commands of %s: %w", workerID, err)
 	}
 	return out, nil
+}
+
+// hibernationInForce records the deadline of the hibernate being
+// delivered as the worker's: the one it serves from now on (none for a
+// wake, whose deadline has passed). A body that does not decode leaves the
+// worker as it is; the daemon skips such a command.
+func hibernationInForce(ctx context.Context, tx querier, workerID string, c store.Command, now time.Time) error {
+	until, ok := hibernateDeadline(c.Body)
+	if !ok {
+		return nil
+	}
+	var v any
+	if until.After(now) {
+		v = ms(until)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE workers SET hibernating_until = CAST(? AS BIGINT) WHERE id = ?`, v, workerID); err != nil {
+		return fmt.Errorf("record the hibernation in force: %w", err)
+	}
+	return nil
+}
+
+// hibernationDelivered makes a worker's HibernatingUntil that of the last
+// hibernate it was delivered, when that is still running: a withdrawn
+// hibernate, recorded when it was queued, is not in force. It only ever
+// shortens (a hello cleared what the daemon forgot by restarting).
+// It returns the deadline in force, if any.
+func hibernationDelivered(ctx context.Context, tx querier, workerID string, now time.Time) (*time.Time, error) {
+	rows, err := tx.Query(ctx, `SELECT id, worker_id, seq, kind, body, created_at, delivered_at, acked_at FROM commands
+		WHERE worker_id = ? AND kind = ? AND delivered_at IS NOT NULL ORDER BY seq DESC LIMIT 1`, workerID, store.KindHibernate)
+	if err != nil {
+		return nil, fmt.Errorf("last delivered hibernate: %w", err)
+	}
+	last, err := scanCommands(rows)
+	if err != nil {
+		return nil, fmt.Errorf("last delivered hibernate: %w", err)
+	}
+	var v any
+	if len(last) == 1 {
+		if until, ok := hibernateDeadline(last[0].Body); ok && until.After(now) {
+			v = ms(until)
+		}
+	}
+	var in sql.NullInt64
+	if err := tx.QueryRow(ctx, `UPDATE workers SET hibernating_until = CASE
+		WHEN hibernating_until IS NULL OR CAST(? AS BIGINT) IS NULL THEN NULL
+		WHEN hibernating_until < CAST(? AS BIGINT) THEN hibernating_until ELSE CAST(? AS BIGINT) END WHERE id = ?
+		RETURNING hibernating_until`, v, v, v, workerID).Scan(&in); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("record the hibernation in force: %w", err)
+	}
+	if until := fromNullMs(in); until != nil && until.After(now) {
+		return until, nil
+	}
+	return nil, nil
+}
+
+// hibernateDeadline decodes a hibernate command's deadline.
+func hibernateDeadline(body []byte) (time.Time, bool) {
+	h, ok := messages.DecodeCommand(messages.Command{Kind: messages.KindHibernate, Body: body}).(*messages.Hibernate)
+	if !ok {
+		return time.Time{}, false
+	}
+	return time.Unix(int64(h.UntilEpochS), 0).UTC(), true
+}
+
+// WakePending implements store.Commands.
+func (db *DB) WakePending(ctx context.Context, workerID string, after int64) (bool, error) {
+	rows, err := db.reader().Query(ctx, `SELECT id, worker_id, seq, kind, body, created_at, delivered_at, acked_at FROM commands
+		WHERE worker_id = ? AND kind = ? AND acked_at IS NULL AND seq > ? ORDER BY seq`, workerID, store.KindHibernate, after)
+	if err != nil {
+		return false, fmt.Errorf("look for a wake of %s: %w", workerID, err)
+	}
+	cmds, err := scanCommands(rows)
+	if err != nil {
+		return false, fmt.Errorf("look for a wake of %s: %w", workerID, err)
+	}
+	for _, c := range cmds {
+		// The deadline is whole seconds; a wake's is its enqueue time
+		// rounded down, a hibernate's is later than its enqueue time.
+		if until, ok := hibernateDeadline(c.Body); ok && !until.After(c.CreatedAt) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // oneJob cuts a single-job worker's batch before any job command but its
