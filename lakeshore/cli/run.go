@@ -158,7 +158,7 @@ func (f *runFlags) request(args []string, stdin io.Reader) (operatorapi.Invocati
 	if err != nil {
 		return req, &usageError{err: err}
 	}
-	req.RunConfig = messages.RunConfig{Image: f.image, TimeoutS: f.timeout, Env: env, Workdir: f.workdir}
+	req.RunConfig = operatorapi.RunConfig{Image: f.image, TimeoutS: f.timeout, Env: env, Workdir: f.workdir}
 	if f.runner != "" {
 		r := f.runner
 		req.RunConfig.Runner = &r

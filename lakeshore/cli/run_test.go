@@ -289,7 +289,7 @@ func TestRunRefusalsWaitsAndCancels(t *testing.T) {
 		want string
 	}{
 		{[]string{"run", "--queue", "q", "--runner", "kubernetes", "m:f"}, 1, `unknown runner kind "kubernetes"`},
-		{[]string{"run", "--queue", "q", "--runner", "docker", "sh"}, 1, "run_config.image is required for the docker runner"},
+		{[]string{"run", "--queue", "q", "--runner", "docker", "sh"}, 1, "runConfig.image is required for the docker runner"},
 		{[]string{"run", "--queue", "q", "justamodule"}, 1, `is not "module:qualname"`},
 		{[]string{"run", "--queue", "q"}, 2, "missing the function"},
 		{[]string{"run", "--queue", "q", "--args-json", "{bad", "m:f"}, 2, "--args-json: not valid JSON"},

@@ -447,7 +447,7 @@ func TestTokensBelongToWorkers(t *testing.T) {
 
 	// B acks A's running invocation, with and without worker_id: 404, and
 	// it stays running until A acks it.
-	sub := e.submit(operatorapi.InvocationRequest{Queue: "q-a", Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("echo")}})
+	sub := e.submit(operatorapi.InvocationRequest{Queue: "q-a", Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("echo")}})
 	if p := a.poll(); len(runsOf(t, p)) != 1 {
 		t.Fatalf("a did not get its run: %v", commandsOf(p))
 	}

@@ -333,7 +333,7 @@ func TestWorkerOutcomes(t *testing.T) {
 // A follower of a queued invocation learns when a daemon takes it.
 func TestRunLogLongPollWakesOnDispatch(t *testing.T) {
 	e := newEnv(t)
-	sub := e.submit(operatorapi.InvocationRequest{Queue: "q-late", Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("echo")}})
+	sub := e.submit(operatorapi.InvocationRequest{Queue: "q-late", Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("echo")}})
 	inv := sub.Invocation.ID
 	got := make(chan operatorapi.InvocationLogs, 1)
 	go func() {

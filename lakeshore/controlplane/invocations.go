@@ -68,7 +68,7 @@ type submission struct {
 // validateInvocation checks an operator's request and names the field at
 // fault.
 func validateInvocation(req operatorapi.InvocationRequest) (submission, error) {
-	sub := submission{queue: req.Queue, config: req.RunConfig, args: req.Args, argsKey: req.ArgsKey}
+	sub := submission{queue: req.Queue, config: req.RunConfig.Wire(), args: req.Args, argsKey: req.ArgsKey}
 	if sub.queue == "" {
 		sub.queue = operatorapi.DefaultQueue
 	}
@@ -78,7 +78,7 @@ func validateInvocation(req operatorapi.InvocationRequest) (submission, error) {
 	}
 	if r := sub.config.Runner; r != nil && *r != "" {
 		if !slices.Contains(messages.RunnerKinds, *r) {
-			return sub, badField(http.StatusBadRequest, "run_config.runner", "unknown runner kind %q; want one of %s",
+			return sub, badField(http.StatusBadRequest, "runConfig.runner", "unknown runner kind %q; want one of %s",
 				*r, strings.Join(messages.RunnerKinds, ", "))
 		}
 		sub.runner = *r
@@ -86,24 +86,24 @@ func validateInvocation(req operatorapi.InvocationRequest) (submission, error) {
 		sub.config.Runner = nil
 	}
 	if img := sub.config.Image; img != "" && (len(img) > 512 || strings.IndexFunc(img, badImageRune) >= 0) {
-		return sub, badField(http.StatusBadRequest, "run_config.image", "must be an image reference without spaces or control characters (at most 512)")
+		return sub, badField(http.StatusBadRequest, "runConfig.image", "must be an image reference without spaces or control characters (at most 512)")
 	}
 	if sub.runner == "docker" && sub.config.Image == "" {
-		return sub, badField(http.StatusBadRequest, "run_config.image", "run_config.image is required for the docker runner")
+		return sub, badField(http.StatusBadRequest, "runConfig.image", "runConfig.image is required for the docker runner")
 	}
 	if t := sub.config.TimeoutS; math.IsNaN(t) || t < 0 || t > 365*24*3600 {
-		return sub, badField(http.StatusBadRequest, "run_config.timeout_s", "must be between 0 (none) and one year in seconds")
+		return sub, badField(http.StatusBadRequest, "runConfig.timeoutS", "must be between 0 (none) and one year in seconds")
 	}
 	for k, v := range sub.config.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return sub, badField(http.StatusBadRequest, "run_config.env", "variable %q: names must be non-empty without '=' or NUL, values without NUL", k)
+			return sub, badField(http.StatusBadRequest, "runConfig.env", "variable %q: names must be non-empty without '=' or NUL, values without NUL", k)
 		}
 	}
 	if len(sub.config.Env) == 0 {
 		sub.config.Env = nil
 	}
 	if wd := sub.config.Workdir; len(wd) > 4096 || strings.ContainsRune(wd, 0) {
-		return sub, badField(http.StatusBadRequest, "run_config.workdir", "must be a path without NUL (at most 4096 bytes)")
+		return sub, badField(http.StatusBadRequest, "runConfig.workdir", "must be a path without NUL (at most 4096 bytes)")
 	}
 
 	switch {
@@ -128,7 +128,7 @@ func validateInvocation(req operatorapi.InvocationRequest) (submission, error) {
 
 	if u := req.AsUser; u != "" {
 		if !userNameRe().MatchString(u) {
-			return sub, badField(http.StatusBadRequest, "as_user", "%q is not a user name", u)
+			return sub, badField(http.StatusBadRequest, "asUser", "%q is not a user name", u)
 		}
 		sub.asUser = &u
 	}
@@ -136,7 +136,7 @@ func validateInvocation(req operatorapi.InvocationRequest) (submission, error) {
 		name string
 		v    string
 		dst  **string
-	}{{"parent_invocation_id", req.ParentInvocationID, &sub.parent}, {"root_invocation_id", req.RootInvocationID, &sub.root}} {
+	}{{"parentInvocationId", req.ParentInvocationID, &sub.parent}, {"rootInvocationId", req.RootInvocationID, &sub.root}} {
 		if f.v == "" {
 			continue
 		}
@@ -151,10 +151,10 @@ func validateInvocation(req operatorapi.InvocationRequest) (submission, error) {
 	}
 	if req.ArgsKey != "" {
 		if len(req.Args) > 0 {
-			return sub, badField(http.StatusBadRequest, "args_key", "give either args or args_key, not both")
+			return sub, badField(http.StatusBadRequest, "argsKey", "give either args or argsKey, not both")
 		}
 		if !payloadKeyRe().MatchString(req.ArgsKey) {
-			return sub, badField(http.StatusBadRequest, "args_key", "not a payload key")
+			return sub, badField(http.StatusBadRequest, "argsKey", "not a payload key")
 		}
 	}
 	return sub, nil
@@ -228,7 +228,7 @@ func (s *Server) handleSubmitInvocation(w http.ResponseWriter, r *http.Request) 
 		m, err := s.payloads.meta(ns, sub.argsKey)
 		if err != nil {
 			if isNotExist(err) {
-				err = badField(http.StatusBadRequest, "args_key", "no payload %q in namespace %q; upload it first", sub.argsKey, ns)
+				err = badField(http.StatusBadRequest, "argsKey", "no payload %q in namespace %q; upload it first", sub.argsKey, ns)
 			}
 			writeOperatorError(w, err)
 			return
@@ -377,7 +377,9 @@ func invocationView(inv store.Invocation, withResult bool) operatorapi.Invocatio
 	if inv.RootInvocationID != nil {
 		v.RootInvocationID = *inv.RootInvocationID
 	}
-	_ = json.Unmarshal(inv.RunConfig, &v.RunConfig)
+	var rc messages.RunConfig
+	_ = json.Unmarshal(inv.RunConfig, &rc)
+	v.RunConfig = operatorapi.RunConfigOf(rc)
 	if len(inv.Error) > 0 {
 		var e messages.AckError
 		if json.Unmarshal(inv.Error, &e) == nil {

@@ -114,7 +114,7 @@ func runner(s string) *string { return &s }
 func (e *env) runningInvocation(machine string) (string, *simDaemon) {
 	e.t.Helper()
 	d := e.daemonUp(daemonSpec{machine: machine, label: machine, queue: "q-" + machine, runners: []string{"echo"}})
-	sub := e.submit(operatorapi.InvocationRequest{Queue: "q-" + machine, Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("echo")}})
+	sub := e.submit(operatorapi.InvocationRequest{Queue: "q-" + machine, Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("echo")}})
 	runs := d.poll(0)
 	if len(runs) != 1 || runs[0].InvocationID != sub.Invocation.ID {
 		e.t.Fatalf("daemon got %+v, want %s", runs, sub.Invocation.ID)
@@ -137,7 +137,7 @@ func TestInvocationGoesOnlyToAMatchingDaemon(t *testing.T) {
 	dflt := e.daemonUp(daemonSpec{machine: "d", label: "dflt", queue: "", runners: []string{"docker"}})
 
 	first := e.submit(operatorapi.InvocationRequest{Queue: "gpu-a100", Function: "pkg.mod:Cls.run",
-		RunConfig: messages.RunConfig{Runner: runner("python"), TimeoutS: 30, Env: map[string]string{"A": "1"}, Workdir: "/w"},
+		RunConfig: operatorapi.RunConfig{Runner: runner("python"), TimeoutS: 30, Env: map[string]string{"A": "1"}, Workdir: "/w"},
 		Args:      []byte{0x92, 1, 2}, ParentInvocationID: "p1", RootInvocationID: "r1"})
 	if first.EligibleWorkers != 1 || first.Invocation.State != operatorapi.InvocationQueued {
 		t.Fatalf("submitted %+v", first)
@@ -165,7 +165,7 @@ func TestInvocationGoesOnlyToAMatchingDaemon(t *testing.T) {
 	}
 
 	// The gpu daemon is full (max 1): a second gpu invocation waits.
-	second := e.submit(operatorapi.InvocationRequest{Queue: "gpu-h100", Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("python")}})
+	second := e.submit(operatorapi.InvocationRequest{Queue: "gpu-h100", Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("python")}})
 	if got := gpu.poll(0); len(got) != 0 {
 		t.Fatalf("full daemon got %v", ids(got))
 	}
@@ -183,7 +183,7 @@ func TestInvocationGoesOnlyToAMatchingDaemon(t *testing.T) {
 
 	// A runner the daemon does not advertise never reaches it; no runner
 	// goes to anyone in the queue.
-	docker := e.submit(operatorapi.InvocationRequest{Queue: "cpu", Function: "busybox", RunConfig: messages.RunConfig{Runner: runner("docker"), Image: "img"}})
+	docker := e.submit(operatorapi.InvocationRequest{Queue: "cpu", Function: "busybox", RunConfig: operatorapi.RunConfig{Runner: runner("docker"), Image: "img"}})
 	if docker.EligibleWorkers != 0 {
 		t.Fatalf("eligible for docker on cpu: %d", docker.EligibleWorkers)
 	}
@@ -222,7 +222,7 @@ func TestSubmitWakesAParkedPoll(t *testing.T) {
 	go func() { got <- d.poll(15) }()
 	e.waitParked(workerKey(d.id))
 	start := time.Now()
-	sub := e.submit(operatorapi.InvocationRequest{Queue: "q", Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("echo")}})
+	sub := e.submit(operatorapi.InvocationRequest{Queue: "q", Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("echo")}})
 	select {
 	case runs := <-got:
 		if len(runs) != 1 || runs[0].InvocationID != sub.Invocation.ID {
@@ -245,7 +245,7 @@ func TestConcurrentDaemonsNeverShareAnInvocation(t *testing.T) {
 	}
 	want := map[string]bool{}
 	for i := range invocations {
-		sub := e.submit(operatorapi.InvocationRequest{Queue: fmt.Sprint("work-", i%3), Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("echo")}})
+		sub := e.submit(operatorapi.InvocationRequest{Queue: fmt.Sprint("work-", i%3), Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("echo")}})
 		want[sub.Invocation.ID] = true
 	}
 	var (
@@ -299,7 +299,7 @@ func TestAbandonedPollRedeliversTheRun(t *testing.T) {
 	e := newEnv(t)
 	d := e.daemonUp(daemonSpec{machine: "m", label: "l", queue: "q", runners: []string{"echo"}})
 	before := d.cursor
-	sub := e.submit(operatorapi.InvocationRequest{Queue: "q", Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("echo")}, Args: []byte("a")})
+	sub := e.submit(operatorapi.InvocationRequest{Queue: "q", Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("echo")}, Args: []byte("a")})
 
 	// A long poll whose client goes away after the claim: the run is in the
 	// worker's queue, unacknowledged.
@@ -482,19 +482,19 @@ func TestSubmitValidation(t *testing.T) {
 		field  string
 		msg    string
 	}{
-		{"unknown runner", operatorapi.InvocationRequest{Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("kubernetes")}}, 400, "run_config.runner", "unknown runner kind"},
-		{"docker without image", operatorapi.InvocationRequest{Function: "sh", RunConfig: messages.RunConfig{Runner: runner("docker")}}, 400, "run_config.image", "run_config.image is required for the docker runner"},
+		{"unknown runner", operatorapi.InvocationRequest{Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("kubernetes")}}, 400, "runConfig.runner", "unknown runner kind"},
+		{"docker without image", operatorapi.InvocationRequest{Function: "sh", RunConfig: operatorapi.RunConfig{Runner: runner("docker")}}, 400, "runConfig.image", "runConfig.image is required for the docker runner"},
 		{"no colon", operatorapi.InvocationRequest{Function: "justamodule"}, 400, "function", "module:qualname"},
 		{"empty module", operatorapi.InvocationRequest{Function: ":f"}, 400, "function", "module"},
 		{"empty qualname", operatorapi.InvocationRequest{Function: "m:"}, 400, "function", "qualname"},
-		{"python identifiers", operatorapi.InvocationRequest{Function: "my-mod:f", RunConfig: messages.RunConfig{Runner: runner("python")}}, 400, "function", "Python identifiers"},
+		{"python identifiers", operatorapi.InvocationRequest{Function: "my-mod:f", RunConfig: operatorapi.RunConfig{Runner: runner("python")}}, 400, "function", "Python identifiers"},
 		{"neither", operatorapi.InvocationRequest{Queue: "q"}, 400, "function", "missing"},
 		{"both", operatorapi.InvocationRequest{Function: "m:f", Script: "echo"}, 400, "script", "not both"},
 		{"prefix queue", operatorapi.InvocationRequest{Queue: "gpu-*", Function: "m:f"}, 400, "queue", ""},
-		{"negative timeout", operatorapi.InvocationRequest{Function: "m:f", RunConfig: messages.RunConfig{TimeoutS: -1}}, 400, "run_config.timeout_s", ""},
-		{"bad env", operatorapi.InvocationRequest{Function: "m:f", RunConfig: messages.RunConfig{Env: map[string]string{"A=B": "c"}}}, 400, "run_config.env", ""},
-		{"bad user", operatorapi.InvocationRequest{Function: "m:f", AsUser: "no body"}, 400, "as_user", ""},
-		{"unknown args key", operatorapi.InvocationRequest{Function: "m:f", ArgsKey: "missing"}, 400, "args_key", ""},
+		{"negative timeout", operatorapi.InvocationRequest{Function: "m:f", RunConfig: operatorapi.RunConfig{TimeoutS: -1}}, 400, "runConfig.timeoutS", ""},
+		{"bad env", operatorapi.InvocationRequest{Function: "m:f", RunConfig: operatorapi.RunConfig{Env: map[string]string{"A=B": "c"}}}, 400, "runConfig.env", ""},
+		{"bad user", operatorapi.InvocationRequest{Function: "m:f", AsUser: "no body"}, 400, "asUser", ""},
+		{"unknown args key", operatorapi.InvocationRequest{Function: "m:f", ArgsKey: "missing"}, 400, "argsKey", ""},
 	} {
 		r := e.op(http.MethodPost, "/v1/namespaces/default/invocations", tc.req)
 		if r.status != tc.status {
@@ -511,9 +511,9 @@ func TestSubmitValidation(t *testing.T) {
 	}
 	// Accepted: gvisor without an image, a bare command for process, a script.
 	for _, req := range []operatorapi.InvocationRequest{
-		{Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("gvisor")}},
-		{Function: "/bin/true", RunConfig: messages.RunConfig{Runner: runner("process")}},
-		{Script: "echo hi", RunConfig: messages.RunConfig{Runner: runner("process")}, AsUser: "nobody"},
+		{Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("gvisor")}},
+		{Function: "/bin/true", RunConfig: operatorapi.RunConfig{Runner: runner("process")}},
+		{Script: "echo hi", RunConfig: operatorapi.RunConfig{Runner: runner("process")}, AsUser: "nobody"},
 	} {
 		sub := e.submit(req)
 		if req.Script != "" && (sub.Invocation.Script != "echo hi" || sub.Invocation.Function.Module != "_script" || sub.Invocation.AsUser != "nobody") {
@@ -726,7 +726,7 @@ func TestInvocationRoutesSurviveRandomInput(t *testing.T) {
 		method, path, token string
 		valid               [][]byte
 	}
-	runBody := js(operatorapi.InvocationRequest{Queue: "q", Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("docker"), Image: "i", Env: map[string]string{"A": "b"}}, Args: []byte{1, 2}})
+	runBody := js(operatorapi.InvocationRequest{Queue: "q", Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("docker"), Image: "i", Env: map[string]string{"A": "b"}}, Args: []byte{1, 2}})
 	routes := []route{
 		{"POST", "/v1/namespaces/default/invocations", testAdmin, [][]byte{runBody, js(operatorapi.InvocationRequest{Script: "echo", AsUser: "root"})}},
 		{"GET", "/v1/namespaces/default/invocations", testAdmin, nil},
@@ -822,7 +822,7 @@ func TestInvocationFollowsQueueMembership(t *testing.T) {
 	got := make(chan messages.PollResponse, 1)
 	go func() { got <- d.pollRaw(d.cursor, 20) }()
 	e.waitParked(workerKey(d.id))
-	sub := e.submit(operatorapi.InvocationRequest{Queue: "training", Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("echo")}})
+	sub := e.submit(operatorapi.InvocationRequest{Queue: "training", Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("echo")}})
 	if sub.EligibleWorkers != 1 {
 		t.Fatalf("eligible workers for training: %d", sub.EligibleWorkers)
 	}

@@ -87,7 +87,7 @@ func TestHelloOfANewProcessResolvesWhatTheOldOneReceived(t *testing.T) {
 	d := e.helloAs("m", "phoenix", "proc-a", "q")
 	d.poll(0)
 	acked := e.exec(d.id, operatorapi.ExecRequest{Command: "sleep 120"})
-	inv := e.submit(operatorapi.InvocationRequest{Queue: "q", Function: "m:f", RunConfig: messages.RunConfig{Runner: runner("echo")}})
+	inv := e.submit(operatorapi.InvocationRequest{Queue: "q", Function: "m:f", RunConfig: operatorapi.RunConfig{Runner: runner("echo")}})
 	if runs := d.poll(0); len(runs) != 1 || runs[0].InvocationID != inv.Invocation.ID {
 		t.Fatalf("the daemon got %v", ids(runs))
 	}

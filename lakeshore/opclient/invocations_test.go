@@ -94,7 +94,7 @@ func TestInvocationCalls(t *testing.T) {
 
 	echo := "echo"
 	sub, err := c.SubmitInvocation(ctx, operatorapi.InvocationRequest{Queue: "q", Function: "m:f",
-		RunConfig: messages.RunConfig{Runner: &echo}, ArgsKey: ref.Key})
+		RunConfig: operatorapi.RunConfig{Runner: &echo}, ArgsKey: ref.Key})
 	if err != nil || sub.Invocation.State != operatorapi.InvocationQueued || sub.Invocation.ArgsSize != int64(len(data)) {
 		t.Fatalf("submit: %+v %v", sub, err)
 	}

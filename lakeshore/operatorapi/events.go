@@ -30,7 +30,7 @@ const (
 // is the cursor to continue from; More says further output is there
 // already.
 type InvocationLogs struct {
-	InvocationID string     `json:"invocation_id"`
+	InvocationID string     `json:"invocationId"`
 	State        string     `json:"state"`
 	Events       []LogEvent `json:"events"`
 	Next         int64      `json:"next"`

@@ -1,6 +1,7 @@
 package operatorapi
 
 import (
+	"encoding/json"
 	"time"
 
 	"nymph/messages"
@@ -8,9 +9,9 @@ import (
 
 // Routes of function invocations and of the payload store.
 //
-// The invocation bodies mirror the wire's `run` body, so their fields are
-// snake_case like it (run_config.image, as_user, ...), unlike the rest of
-// this API; the presign body is camelCase because the protocol spells it so.
+// The invocation bodies carry what the wire's `run` body carries, under
+// this API's camelCase keys (runConfig.image, asUser, ...); a submit body
+// may still use the wire's snake_case names (see InvocationRequest).
 //
 // RoutePresign accepts msgpack from daemons (daemon bearer) and JSON from
 // operators (admin token), chosen by Content-Type, and answers in kind.
@@ -84,15 +85,89 @@ const (
 // store and the daemon fetches them by reference. ArgsKey instead names a
 // blob already uploaded through RoutePresign (then Args must be empty).
 type InvocationRequest struct {
-	Queue              string             `json:"queue,omitempty"`
-	Function           string             `json:"function,omitempty"`
-	Script             string             `json:"script,omitempty"`
-	RunConfig          messages.RunConfig `json:"run_config"`
-	Args               []byte             `json:"args,omitempty"`
-	ArgsKey            string             `json:"args_key,omitempty"`
-	AsUser             string             `json:"as_user,omitempty"`
-	ParentInvocationID string             `json:"parent_invocation_id,omitempty"`
-	RootInvocationID   string             `json:"root_invocation_id,omitempty"`
+	Queue              string    `json:"queue,omitempty"`
+	Function           string    `json:"function,omitempty"`
+	Script             string    `json:"script,omitempty"`
+	RunConfig          RunConfig `json:"runConfig"`
+	Args               []byte    `json:"args,omitempty"`
+	ArgsKey            string    `json:"argsKey,omitempty"`
+	AsUser             string    `json:"asUser,omitempty"`
+	ParentInvocationID string    `json:"parentInvocationId,omitempty"`
+	RootInvocationID   string    `json:"rootInvocationId,omitempty"`
+}
+
+// UnmarshalJSON reads the camelCase keys and, so that a CLI from before
+// they were camelCase keeps working, the snake_case ones it sent
+// (run_config, run_config.timeout_s, args_key, as_user,
+// parent_invocation_id, root_invocation_id). Where a body has both, the
+// camelCase one wins.
+func (r *InvocationRequest) UnmarshalJSON(b []byte) error {
+	type plain InvocationRequest
+	var old struct {
+		plain
+		OldRunConfig *struct {
+			RunConfig
+			OldTimeoutS *float64 `json:"timeout_s"`
+		} `json:"run_config"`
+		OldArgsKey            *string `json:"args_key"`
+		OldAsUser             *string `json:"as_user"`
+		OldParentInvocationID *string `json:"parent_invocation_id"`
+		OldRootInvocationID   *string `json:"root_invocation_id"`
+	}
+	if err := json.Unmarshal(b, &old); err != nil {
+		return err
+	}
+	// Which camelCase keys were present, so that an explicit empty one
+	// still wins over its snake_case twin.
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(b, &keys); err != nil {
+		return err
+	}
+	*r = InvocationRequest(old.plain)
+	if rc := old.OldRunConfig; rc != nil {
+		if _, ok := keys["runConfig"]; !ok {
+			r.RunConfig = rc.RunConfig
+			if rc.OldTimeoutS != nil && rc.TimeoutS == 0 {
+				r.RunConfig.TimeoutS = *rc.OldTimeoutS
+			}
+		}
+	}
+	for _, f := range []struct {
+		key string
+		old *string
+		dst *string
+	}{
+		{"argsKey", old.OldArgsKey, &r.ArgsKey},
+		{"asUser", old.OldAsUser, &r.AsUser},
+		{"parentInvocationId", old.OldParentInvocationID, &r.ParentInvocationID},
+		{"rootInvocationId", old.OldRootInvocationID, &r.RootInvocationID},
+	} {
+		if _, ok := keys[f.key]; !ok && f.old != nil {
+			*f.dst = *f.old
+		}
+	}
+	return nil
+}
+
+// RunConfig is how to run an invocation: the wire's messages.RunConfig
+// under this API's camelCase keys (timeoutS). Runner nil means the
+// daemon's default runner.
+type RunConfig struct {
+	Runner   *string           `json:"runner,omitempty"`
+	Image    string            `json:"image,omitempty"`
+	TimeoutS float64           `json:"timeoutS,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	Workdir  string            `json:"workdir,omitempty"`
+}
+
+// RunConfigOf copies the wire's run config into the operator's.
+func RunConfigOf(c messages.RunConfig) RunConfig {
+	return RunConfig{Runner: c.Runner, Image: c.Image, TimeoutS: c.TimeoutS, Env: c.Env, Workdir: c.Workdir}
+}
+
+// Wire is c as the daemon wire's run config.
+func (c RunConfig) Wire() messages.RunConfig {
+	return messages.RunConfig{Runner: c.Runner, Image: c.Image, TimeoutS: c.TimeoutS, Env: c.Env, Workdir: c.Workdir}
 }
 
 // InvocationSubmitted answers RouteSubmitInvocation (201). EligibleWorkers
@@ -100,7 +175,7 @@ type InvocationRequest struct {
 // the runner; zero means the invocation waits until one turns up.
 type InvocationSubmitted struct {
 	Invocation      Invocation `json:"invocation"`
-	EligibleWorkers int        `json:"eligible_workers"`
+	EligibleWorkers int        `json:"eligibleWorkers"`
 }
 
 // Invocation is one function invocation as the operator sees it
@@ -115,22 +190,22 @@ type Invocation struct {
 	Queue              string               `json:"queue"`
 	Function           messages.FunctionRef `json:"function"`
 	Script             string               `json:"script,omitempty"`
-	RunConfig          messages.RunConfig   `json:"run_config"`
-	ArgsSize           int64                `json:"args_size"`
-	ArgsKey            string               `json:"args_key,omitempty"`
-	AsUser             string               `json:"as_user,omitempty"`
-	ParentInvocationID string               `json:"parent_invocation_id,omitempty"`
-	RootInvocationID   string               `json:"root_invocation_id,omitempty"`
+	RunConfig          RunConfig            `json:"runConfig"`
+	ArgsSize           int64                `json:"argsSize"`
+	ArgsKey            string               `json:"argsKey,omitempty"`
+	AsUser             string               `json:"asUser,omitempty"`
+	ParentInvocationID string               `json:"parentInvocationId,omitempty"`
+	RootInvocationID   string               `json:"rootInvocationId,omitempty"`
 	State              string               `json:"state"`
-	WorkerID           string               `json:"worker_id,omitempty"`
-	WorkerLabel        string               `json:"worker_label,omitempty"`
-	CreatedAt          time.Time            `json:"created_at"`
-	StartedAt          *time.Time           `json:"started_at,omitempty"`
-	FinishedAt         *time.Time           `json:"finished_at,omitempty"`
+	WorkerID           string               `json:"workerId,omitempty"`
+	WorkerLabel        string               `json:"workerLabel,omitempty"`
+	CreatedAt          time.Time            `json:"createdAt"`
+	StartedAt          *time.Time           `json:"startedAt,omitempty"`
+	FinishedAt         *time.Time           `json:"finishedAt,omitempty"`
 	Result             []byte               `json:"result,omitempty"`
-	ResultSize         int64                `json:"result_size"`
+	ResultSize         int64                `json:"resultSize"`
 	Error              *messages.AckError   `json:"error,omitempty"`
-	StdoutTail         string               `json:"stdout_tail,omitempty"`
+	StdoutTail         string               `json:"stdoutTail,omitempty"`
 }
 
 // InvocationList is the body of RouteListInvocations, newest first. Query
@@ -147,7 +222,7 @@ type InvocationList struct {
 type CancelInvocationResponse struct {
 	Invocation Invocation `json:"invocation"`
 	Cancelled  bool       `json:"cancelled"`
-	CommandID  string     `json:"command_id,omitempty"`
+	CommandID  string     `json:"commandId,omitempty"`
 }
 
 // PayloadBucket is the bucket name in the payload refs this control plane

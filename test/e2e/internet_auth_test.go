@@ -333,7 +333,7 @@ func TestInternetAuthWorkersCannotActForEachOther(t *testing.T) {
 	runGate := authGate(t)
 	var sub operatorapi.InvocationSubmitted
 	if err := cp.PostJSON("/v1/namespaces/default/invocations", operatorapi.InvocationRequest{Queue: "qa",
-		Script: "read x < " + runGate + "; printf real > \"$NYMPH_RESULT_PATH\"", RunConfig: messages.RunConfig{Runner: authStr("process")}}, &sub); err != nil {
+		Script: "read x < " + runGate + "; printf real > \"$NYMPH_RESULT_PATH\"", RunConfig: operatorapi.RunConfig{Runner: authStr("process")}}, &sub); err != nil {
 		t.Fatal(err)
 	}
 	inv := func() operatorapi.Invocation {
