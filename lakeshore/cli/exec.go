@@ -137,7 +137,7 @@ stderr, duration_ms, error, ...}}. Ctrl-C cancels the remote command.
   lakeshore daemon exec --timeout 30 --env CUDA_VISIBLE_DEVICES=0 gpu-rig python3 train.py
   lakeshore daemon exec --stdin ./data.csv gpu-rig 'wc -l'
   lakeshore daemon exec gpu-rig 'for i in 1 2 3; do echo tick $i; sleep 1; done'
-  lakeshore daemon exec --json gpu-rig uname -a | jq .result.exit_code`,
+  lakeshore daemon exec --json gpu-rig uname -a | jq .result.exitCode`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 1 {
 				return usagef("missing <daemon> and the command to run")

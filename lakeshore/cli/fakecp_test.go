@@ -36,7 +36,7 @@ type fakeExec struct {
 	steps               []step
 	output              []byte
 	state               string
-	result              *messages.ExecResult
+	result              *operatorapi.ExecResult
 }
 
 // fakeCP is a control plane speaking operatorapi over real HTTP, with
@@ -250,7 +250,7 @@ func (f *fakeCP) getExec(w http.ResponseWriter, r *http.Request) {
 		ex.state = operatorapi.ExecRunning
 		ex.output = append(ex.output, s.out...)
 		if s.finish {
-			res := s.result
+			res := operatorapi.ExecResultOf(s.result)
 			res.ExitCode = s.code
 			ex.result = &res
 			ex.state = operatorapi.ExecFinished

@@ -330,7 +330,8 @@ func (s *Server) execView(r *http.Request, e store.Exec, offset int64) (operator
 		if err := messages.Unmarshal(e.Result, &res); err != nil {
 			s.log.Error().Err(err).Str("exec_id", e.ID).Msg("stored exec result does not decode")
 		} else {
-			out.Result = &res
+			v := operatorapi.ExecResultOf(res)
+			out.Result = &v
 		}
 	}
 	return out, nil

@@ -45,12 +45,14 @@ func outcomeView(e store.Event) operatorapi.WorkerOutcome {
 	case messages.EventSetupFinished:
 		var d messages.SetupOutcome
 		if messages.Unmarshal(e.Data, &d) == nil {
-			o.Setup = &d
+			v := operatorapi.SetupOutcomeOf(d)
+			o.Setup = &v
 		}
 	case messages.EventOtaFinished:
 		var d messages.OtaOutcome
 		if messages.Unmarshal(e.Data, &d) == nil {
-			o.Ota = &d
+			v := operatorapi.OtaOutcomeOf(d)
+			o.Ota = &v
 		}
 	}
 	return o

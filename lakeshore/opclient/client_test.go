@@ -14,7 +14,6 @@ import (
 
 	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
-	"nymph/messages"
 )
 
 const token = "secret-admin"
@@ -181,7 +180,7 @@ func TestExecRoundTrip(t *testing.T) {
 	f.handle(operatorapi.RouteWorkerExec, 202, operatorapi.ExecAccepted{ExecID: "e1", WorkerID: "w1"}, "id")
 	f.handle(operatorapi.RouteQueueExec, 202, operatorapi.ExecAccepted{ExecID: "e2", WorkerID: "w2"})
 	f.handle(operatorapi.RouteGetExec, 200, operatorapi.Exec{ExecID: "e1", State: operatorapi.ExecFinished, Output: []byte("hi\n"), Offset: 4, NextOffset: 7,
-		Result: &messages.ExecResult{ExitCode: 3}}, "exec_id")
+		Result: &operatorapi.ExecResult{ExitCode: 3}}, "exec_id")
 
 	acc, err := c.Exec(ctx(t), "w1", operatorapi.ExecRequest{Command: "echo hi", Env: map[string]string{"A": "1"}, Stdin: []byte{0, 1, 2}, TimeoutS: 1.5, Stream: true})
 	if err != nil || acc.ExecID != "e1" {

@@ -3,8 +3,6 @@ package operatorapi
 import (
 	"encoding/json"
 	"time"
-
-	"nymph/messages"
 )
 
 // DefaultNamespace is used when none is given.
@@ -162,15 +160,15 @@ const (
 // at byte n of the streamed output). Output holds streamed bytes from
 // Offset; NextOffset is where the next call continues.
 type Exec struct {
-	ExecID     string               `json:"execId"`
-	WorkerID   string               `json:"workerId"`
-	Command    string               `json:"command"`
-	State      string               `json:"state"`
-	CreatedAt  time.Time            `json:"createdAt"`
-	Output     []byte               `json:"output,omitempty"`
-	Offset     int64                `json:"offset"`
-	NextOffset int64                `json:"nextOffset"`
-	Result     *messages.ExecResult `json:"result,omitempty"`
+	ExecID     string      `json:"execId"`
+	WorkerID   string      `json:"workerId"`
+	Command    string      `json:"command"`
+	State      string      `json:"state"`
+	CreatedAt  time.Time   `json:"createdAt"`
+	Output     []byte      `json:"output,omitempty"`
+	Offset     int64       `json:"offset"`
+	NextOffset int64       `json:"nextOffset"`
+	Result     *ExecResult `json:"result,omitempty"`
 }
 
 // SetupRequest queues a setup script on a worker.

@@ -2,8 +2,6 @@ package operatorapi
 
 import (
 	"time"
-
-	"nymph/messages"
 )
 
 // RouteInvocationLogs reads the output a run streamed (its invocation.log
@@ -58,10 +56,10 @@ const WorkerOutcomesShown = 10
 // the daemon started itself, messages.AutoUpdateEventID); At is when the
 // daemon finished it; exactly one of Setup and Ota is set.
 type WorkerOutcome struct {
-	Kind       string                 `json:"kind"`
-	CommandID  string                 `json:"commandId"`
-	At         time.Time              `json:"at"`
-	ReceivedAt time.Time              `json:"receivedAt"`
-	Setup      *messages.SetupOutcome `json:"setup,omitempty"`
-	Ota        *messages.OtaOutcome   `json:"ota,omitempty"`
+	Kind       string        `json:"kind"`
+	CommandID  string        `json:"commandId"`
+	At         time.Time     `json:"at"`
+	ReceivedAt time.Time     `json:"receivedAt"`
+	Setup      *SetupOutcome `json:"setup,omitempty"`
+	Ota        *OtaOutcome   `json:"ota,omitempty"`
 }
