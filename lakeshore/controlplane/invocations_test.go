@@ -852,3 +852,50 @@ func TestInvocationFollowsQueueMembership(t *testing.T) {
 		t.Fatalf("exec to a removed poll queue: %d %s", r.status, r.body)
 	}
 }
+
+// A CLI from before the invocation bodies were camelCase sends snake_case
+// keys: they are still read, they reach the daemon's run, and where a body
+// has both spellings the camelCase one wins. A bad value under an old key is
+// refused naming the camelCase field.
+func TestSubmitAcceptsTheOldSnakeCaseKeys(t *testing.T) {
+	e := newEnv(t)
+	d := e.daemonUp(daemonSpec{machine: "o", label: "old", queue: "old", runners: []string{"python"}})
+	submit := func(body string) operatorapi.InvocationSubmitted {
+		t.Helper()
+		r := e.do(http.MethodPost, "/v1/namespaces/default/invocations", "application/json", testAdmin, []byte(body))
+		return expectJS[operatorapi.InvocationSubmitted](t, r, http.StatusCreated, "submit "+body)
+	}
+	old := submit(`{"queue":"old","function":"m:f","run_config":{"runner":"python","timeout_s":7,"env":{"A":"1"},"workdir":"/w"},
+		"as_user":"nobody","parent_invocation_id":"p1","root_invocation_id":"r1"}`)
+	inv := old.Invocation
+	if inv.RunConfig.Runner == nil || *inv.RunConfig.Runner != "python" || inv.RunConfig.TimeoutS != 7 || inv.RunConfig.Env["A"] != "1" ||
+		inv.RunConfig.Workdir != "/w" || inv.AsUser != "nobody" || inv.ParentInvocationID != "p1" || inv.RootInvocationID != "r1" {
+		t.Fatalf("old keys: %+v", inv)
+	}
+	runs := d.poll(0)
+	if len(runs) != 1 || runs[0].RunConfig.TimeoutS != 7 || *runs[0].AsUser != "nobody" || *runs[0].RootInvocationID != "r1" {
+		t.Fatalf("run of the old body: %+v", runs)
+	}
+	both := submit(`{"queue":"old","function":"m:f","run_config":{"runner":"echo","timeout_s":1},"runConfig":{"runner":"python","timeoutS":9},
+		"as_user":"old","asUser":"new","parentInvocationId":"p2","parent_invocation_id":"p-old"}`).Invocation
+	if *both.RunConfig.Runner != "python" || both.RunConfig.TimeoutS != 9 || both.AsUser != "new" || both.ParentInvocationID != "p2" {
+		t.Fatalf("both spellings: %+v", both)
+	}
+	r := e.do(http.MethodPost, "/v1/namespaces/default/invocations", "application/json", testAdmin,
+		[]byte(`{"function":"m:f","run_config":{"timeout_s":-1}}`))
+	if r.status != http.StatusBadRequest || errField(t, r) != "runConfig.timeoutS" {
+		t.Fatalf("bad old timeout: %d %q", r.status, r.body)
+	}
+	// What comes back is camelCase only.
+	r = e.op(http.MethodGet, "/v1/namespaces/default/invocations/"+inv.ID, nil)
+	for _, k := range []string{`"runConfig"`, `"timeoutS"`, `"asUser"`, `"rootInvocationId"`, `"createdAt"`, `"argsSize"`} {
+		if !strings.Contains(string(r.body), k) {
+			t.Fatalf("get lacks %s: %s", k, r.body)
+		}
+	}
+	for _, k := range []string{`"run_config"`, `"timeout_s"`, `"as_user"`, `"root_invocation_id"`, `"created_at"`, `"args_size"`} {
+		if strings.Contains(string(r.body), k) {
+			t.Fatalf("get still has %s: %s", k, r.body)
+		}
+	}
+}

@@ -5,11 +5,13 @@
 // Every operator route needs the admin token as "Authorization: Bearer ...".
 // Errors come back as an Error body with a 4xx/5xx status.
 //
-// Keys are camelCase (workerId, hibernatingUntil, capabilities.maxInvocations):
-// an object the daemon reports in its own wire form is copied into an
-// operatorapi type with camelCase keys (Capabilities) rather than embedded.
-// Not yet so, and kept as they are so existing clients keep working: the
-// invocation routes (run_config, worker_id, ...) and the daemon reports
-// embedded as received (an exec's result, setup and update outcomes), whose
-// keys are the spec's snake_case names.
+// One convention, camelCase, for every operator JSON body (workerId,
+// hibernatingUntil, capabilities.maxInvocations, runConfig.timeoutS,
+// result.exitCode): an object the daemon reports in its own wire form, with
+// the spec's snake_case names, is copied into an operatorapi type with
+// camelCase keys (Capabilities, RunConfig, ExecResult, SetupOutcome,
+// OtaOutcome) rather than embedded. The one exception is PayloadStored, the
+// answer to a payload PUT, which daemons read as well. A submit body may
+// still use the snake_case keys an older CLI sent (InvocationRequest).
+// Query parameters (max_bytes, ...) are not bodies and keep their names.
 package operatorapi
