@@ -23,10 +23,10 @@ type execEnvelope struct {
 	WorkerID string `json:"workerId"`
 	State    string `json:"state"`
 	Result   *struct {
-		ExitCode   int32   `json:"exit_code"`
+		ExitCode   int32   `json:"exitCode"`
 		Stdout     string  `json:"stdout"`
 		Stderr     string  `json:"stderr"`
-		DurationMs uint64  `json:"duration_ms"`
+		DurationMs uint64  `json:"durationMs"`
 		Error      *string `json:"error"`
 	} `json:"result"`
 }

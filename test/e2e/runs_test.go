@@ -461,9 +461,9 @@ func TestRunBadInput(t *testing.T) {
 			t.Errorf("%s: exit %d (want %d), stderr %q (want %q)", what, r.Code, wantCode, r.Stderr, wantErr)
 		}
 	}
-	refused("unknown runner", 1, `run_config.runner`, "--runner", "teleport", "m:f")
+	refused("unknown runner", 1, `runConfig.runner`, "--runner", "teleport", "m:f")
 	refused("unknown runner names it", 1, `teleport`, "--runner", "teleport", "m:f")
-	refused("docker without image", 1, "run_config.image", "--runner", "docker", "m:f")
+	refused("docker without image", 1, "runConfig.image", "--runner", "docker", "m:f")
 	refused("malformed --args-json", 2, "--args-json: not valid JSON", "--runner", "echo", "--args-json", "{bad", "m:f")
 	refused("not module:qualname", 1, "function", "--runner", "python", ":f")
 	big := filepath.Join(t.TempDir(), "big.bin")
