@@ -197,19 +197,7 @@ func TestServeRefusesABadLostAfter(t *testing.T) {
 		{[]string{"--lost-after", "30s"}, []string{"--lost-after 30s: must be at least 1m0s", "reads back stale"}},
 		{[]string{"--stale-after", "2m", "--lost-after", "90s"}, []string{"--lost-after 1m30s: must be at least 2m0s"}},
 	} {
-		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data")}, tc.args...)
-		r := runCLI(t, runOpts{}, env, args...)
-		if r.code != cli.ExitUsage {
-			t.Fatalf("%v: %+v", tc.args, r)
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(r.stderr, w) {
-				t.Fatalf("%v: stderr %q does not say %q", tc.args, r.stderr, w)
-			}
-		}
-		if _, err := os.Stat(filepath.Join(dir, "data", "lakeshore.db")); err == nil {
-			t.Fatalf("%v: a store was opened before the refusal", tc.args)
-		}
+		expectServeUsageError(t, dir, env, tc.args, tc.want)
 	}
 }
 
@@ -227,19 +215,7 @@ func TestServeRefusesBadEdgeLimits(t *testing.T) {
 		{[]string{"--max-conns-per-ip", "-1"}, []string{"--max-conns-per-ip -1: must be 0 (no cap) or more"}},
 		{[]string{"--body-timeout", "soon"}, []string{`--body-timeout "soon": want a duration`}},
 	} {
-		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data")}, tc.args...)
-		r := runCLI(t, runOpts{}, env, args...)
-		if r.code != cli.ExitUsage {
-			t.Fatalf("%v: %+v", tc.args, r)
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(r.stderr, w) {
-				t.Fatalf("%v: stderr %q does not say %q", tc.args, r.stderr, w)
-			}
-		}
-		if _, err := os.Stat(filepath.Join(dir, "data", "lakeshore.db")); err == nil {
-			t.Fatalf("%v: a store was opened before the refusal", tc.args)
-		}
+		expectServeUsageError(t, dir, env, tc.args, tc.want)
 	}
 }
 
@@ -268,5 +244,23 @@ func TestServeRefusesABusyAddress(t *testing.T) {
 		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s was written before the refusal (%v)", f, err)
 		}
+	}
+}
+
+// expectServeUsageError runs serve with args and wants a usage error
+// saying each of want, with no store opened before it.
+func expectServeUsageError(t *testing.T, dir string, env map[string]string, args, want []string) {
+	t.Helper()
+	r := runCLI(t, runOpts{}, env, append([]string{"serve", "--addr", "127.0.0.1:0", "--data", filepath.Join(dir, "data")}, args...)...)
+	if r.code != cli.ExitUsage {
+		t.Fatalf("%v: %+v", args, r)
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stderr, w) {
+			t.Fatalf("%v: stderr %q does not say %q", args, r.stderr, w)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data", "lakeshore.db")); err == nil {
+		t.Fatalf("%v: a store was opened before the refusal", args)
 	}
 }
