@@ -343,7 +343,7 @@ func (s *Server) dispatch(ctx context.Context, workerID string, log zerolog.Logg
 // reportRunning records a poll's invocation statuses and fails what the
 // worker has stopped reporting for longer than the stale window.
 func (s *Server) reportRunning(ctx context.Context, workerID string, running []store.InvocationStatus, log zerolog.Logger) {
-	lost, err := s.st.ReportRunning(ctx, store.RunningReport{WorkerID: workerID, Statuses: running, Now: s.now(), MissingGrace: s.staleAfter})
+	lost, _, err := s.st.ReportRunning(ctx, store.RunningReport{WorkerID: workerID, Statuses: running, Now: s.now(), MissingGrace: s.staleAfter})
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Error().Err(err).Msg("recording invocation statuses")

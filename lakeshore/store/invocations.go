@@ -50,8 +50,11 @@ type Invocations interface {
 	// ReportRunning records what a worker said on poll about its running
 	// invocations (stdout tails) and returns those of its running
 	// invocations it received (their command acknowledged) yet has left
-	// out of its reports for longer than r.MissingGrace.
-	ReportRunning(ctx context.Context, r RunningReport) ([]LostInvocation, error)
+	// out of its reports for longer than r.MissingGrace, and how many of
+	// its invocations are running (lost ones included: they are resolved
+	// through FinishInvocation). With none running, an empty report only
+	// reads.
+	ReportRunning(ctx context.Context, r RunningReport) (lost []LostInvocation, running int, err error)
 	// LostInvocations returns running invocations whose worker was
 	// removed, is gone, restarted (the run command was acknowledged by a
 	// non-empty incarnation other than the worker's current non-empty one:

@@ -161,6 +161,11 @@ type Workers interface {
 	// joining worker, or a setting_up one with no setup awaiting
 	// acknowledgement, becomes active.
 	RecordPoll(ctx context.Context, p Poll) (Worker, error)
+	// TouchWorkers records that each worker was seen at its time (polls
+	// that changed nothing else, noted in memory and written in batches):
+	// a worker's last seen becomes the later of the stored time and the
+	// given one. One transaction; it returns the ids no worker row has.
+	TouchWorkers(ctx context.Context, seen []Seen) (missing []string, err error)
 	// DeleteWorker removes one worker and its command queue; its execs stay
 	// readable.
 	DeleteWorker(ctx context.Context, namespace, id string) error
@@ -372,6 +377,12 @@ type Poll struct {
 	UpdatedCapabilities *Capabilities
 	Cursor              *int64
 	Now                 time.Time
+}
+
+// Seen is one worker seen at a time (TouchWorkers).
+type Seen struct {
+	WorkerID string
+	At       time.Time
 }
 
 // NewCommand is a command to enqueue. Body is the msgpack body as sent.

@@ -320,7 +320,7 @@ func withdrawRun(ctx context.Context, tx querier, commandID string) (bool, error
 }
 
 // ReportRunning implements store.Invocations.
-func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store.LostInvocation, error) {
+func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store.LostInvocation, int, error) {
 	reported := make(map[string]store.InvocationStatus, len(r.Statuses))
 	for _, s := range r.Statuses {
 		reported[s.InvocationID] = s
@@ -331,14 +331,15 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 		err := db.reader().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invocations WHERE worker_id = ? AND state = ?)`,
 			r.WorkerID, operatorapi.InvocationRunning).Scan(&running)
 		if err != nil {
-			return nil, fmt.Errorf("report running of %s: %w", r.WorkerID, err)
+			return nil, 0, fmt.Errorf("report running of %s: %w", r.WorkerID, err)
 		}
 		if !running {
-			return lost, nil
+			return lost, 0, nil
 		}
 	}
+	n := 0
 	err := db.tx(ctx, func(tx querier) error {
-		lost = []store.LostInvocation{}
+		lost, n = []store.LostInvocation{}, 0
 		rows, err := tx.Query(ctx, `SELECT i.id, i.namespace, i.worker_label, i.missing_since,
 			(c.id IS NULL OR c.acked_at IS NOT NULL)
 			FROM invocations i LEFT JOIN commands c ON c.id = i.command_id
@@ -364,6 +365,7 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 		if err := rows.Err(); err != nil {
 			return err
 		}
+		n = len(all)
 		for _, x := range all {
 			if st, ok := reported[x.id]; ok {
 				if _, err := tx.Exec(ctx, `UPDATE invocations SET stdout_tail = ?, reported_at = ?, missing_since = NULL WHERE id = ?`,
@@ -390,9 +392,9 @@ func (db *DB) ReportRunning(ctx context.Context, r store.RunningReport) ([]store
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("report running of %s: %w", r.WorkerID, err)
+		return nil, 0, fmt.Errorf("report running of %s: %w", r.WorkerID, err)
 	}
-	return lost, nil
+	return lost, n, nil
 }
 
 // clipTail keeps the last maxTail bytes, cut at a character boundary.

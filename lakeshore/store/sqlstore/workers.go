@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"nymph/lakeshore/operatorapi"
@@ -244,6 +245,59 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 		return store.Worker{}, fmt.Errorf("poll: %w", err)
 	}
 	return out, nil
+}
+
+// touchChunk bounds the workers one statement of TouchWorkers updates (two
+// placeholders each, under every engine's limit).
+const touchChunk = 256
+
+// TouchWorkers implements store.Workers: one UPDATE ... FROM (VALUES ...)
+// per chunk, whose RETURNING names the rows that exist.
+func (db *DB) TouchWorkers(ctx context.Context, seen []store.Seen) ([]string, error) {
+	var missing []string
+	err := db.tx(ctx, func(tx querier) error {
+		missing = missing[:0]
+		for start := 0; start < len(seen); start += touchChunk {
+			chunk := seen[start:min(start+touchChunk, len(seen))]
+			var q strings.Builder
+			q.WriteString(`UPDATE workers SET last_seen_at = CASE WHEN workers.last_seen_at < CAST(v.column2 AS BIGINT)
+				THEN CAST(v.column2 AS BIGINT) ELSE workers.last_seen_at END FROM (VALUES `)
+			args := make([]any, 0, 2*len(chunk))
+			for i, s := range chunk {
+				if i > 0 {
+					q.WriteString(", ")
+				}
+				q.WriteString("(?, CAST(? AS BIGINT))")
+				args = append(args, s.WorkerID, ms(s.At))
+			}
+			q.WriteString(`) AS v WHERE workers.id = v.column1 RETURNING workers.id`)
+			rs, err := tx.Query(ctx, q.String(), args...)
+			if err != nil {
+				return fmt.Errorf("touch workers: %w", err)
+			}
+			found, err := collectStrings(rs)
+			if err != nil {
+				return fmt.Errorf("touch workers: %w", err)
+			}
+			if len(found) == len(chunk) {
+				continue
+			}
+			have := make(map[string]bool, len(found))
+			for _, id := range found {
+				have[id] = true
+			}
+			for _, s := range chunk {
+				if !have[s.WorkerID] {
+					missing = append(missing, s.WorkerID)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return missing, nil
 }
 
 // ackThrough acknowledges every command up to c, which the caller clamped to

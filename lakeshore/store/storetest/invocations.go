@@ -214,9 +214,13 @@ func testReportRunningAndLost(t *testing.T, e *env) {
 	grace := 30 * time.Second
 	report := func(at time.Time, statuses ...store.InvocationStatus) []store.LostInvocation {
 		t.Helper()
-		lost, err := db.ReportRunning(bg, store.RunningReport{WorkerID: w.ID, Statuses: statuses, Now: at, MissingGrace: grace})
+		lost, running, err := db.ReportRunning(bg, store.RunningReport{WorkerID: w.ID, Statuses: statuses, Now: at, MissingGrace: grace})
 		if err != nil {
 			t.Fatal(err)
+		}
+		// i1, i2 and i3 are all claimed; none is finished here.
+		if running != 3 {
+			t.Fatalf("running %d, want 3", running)
 		}
 		return lost
 	}
@@ -241,6 +245,13 @@ func testReportRunningAndLost(t *testing.T, e *env) {
 	report(t0, store.InvocationStatus{InvocationID: "i1", State: "running", StdoutTail: string(long) + "END"})
 	if inv, _ := db.Invocation(bg, "", "i1"); len(inv.StdoutTail) >= len(long) || !bytes.HasSuffix([]byte(inv.StdoutTail), []byte("END")) {
 		t.Fatalf("long tail kept %d bytes", len(inv.StdoutTail))
+	}
+	// A worker with nothing running is told so, by an empty report or not.
+	idle := hello(t, db, "w-idle", "m-idle", "l-idle")
+	for _, statuses := range [][]store.InvocationStatus{nil, {{InvocationID: "i9", State: "running"}}} {
+		if lost, running, err := db.ReportRunning(bg, store.RunningReport{WorkerID: idle.ID, Statuses: statuses, Now: t0}); err != nil || running != 0 || len(lost) != 0 {
+			t.Fatalf("idle worker, report %v: lost %v running %d err %v", statuses, lost, running, err)
+		}
 	}
 
 	// Removal of the worker: every running invocation of it is lost.

@@ -52,6 +52,7 @@ func Run(t *testing.T, b Backend) {
 		{"InvocationClaimCancelFinishAndReopen", testInvocationClaimCancelFinishAndReopen},
 		{"ClaimRespectsCapacityRunnersAndState", testClaimRespectsCapacityRunnersAndState},
 		{"ReportRunningAndLost", testReportRunningAndLost},
+		{"TouchWorkers", testTouchWorkers},
 		{"RestartLosesReceivedJobs", testRestartLosesReceivedJobs},
 		{"LostExecsStaleAndRemoved", testLostExecsStaleAndRemoved},
 		{"EnrollTokenIsConsumedOnce", testEnrollTokenIsConsumedOnce},

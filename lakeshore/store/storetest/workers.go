@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -313,5 +315,40 @@ func testReportsAreIdempotent(t *testing.T, e *env) {
 	}
 	if ok, err := db.SaveEvent(bg, store.Event{ID: "ev1", InvocationID: "i1", Kind: "log", TS: t0, ReceivedAt: t0}); !ok || err != nil {
 		t.Fatal(ok, err)
+	}
+}
+
+// testTouchWorkers: a batch of presence moves each worker's last seen
+// forward only, changes nothing else, spans more than one statement, and
+// names the ids that have no row.
+func testTouchWorkers(t *testing.T, e *env) {
+	db := e.store(t)
+	a := hello(t, db, "wa", "ma", "la")
+	b := hello(t, db, "wb", "mb", "lb")
+	seen := []store.Seen{{WorkerID: a.ID, At: t0.Add(10 * time.Second)}, {WorkerID: b.ID, At: t0.Add(-time.Minute)}}
+	var want []string
+	for i := 0; i < 300; i++ {
+		id := fmt.Sprintf("gone-%03d", i)
+		seen = append(seen, store.Seen{WorkerID: id, At: t0})
+		want = append(want, id)
+	}
+	missing, err := db.TouchWorkers(bg, seen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(missing)
+	if !slices.Equal(missing, want) {
+		t.Fatalf("missing %d ids (%v...), want the 300 gone ones", len(missing), missing[:min(len(missing), 3)])
+	}
+	ga, _ := db.Worker(bg, "", a.ID)
+	gb, _ := db.Worker(bg, "", b.ID)
+	if !ga.LastSeenAt.Equal(t0.Add(10*time.Second)) || !gb.LastSeenAt.Equal(t0) {
+		t.Fatalf("last seen a %v (want +10s), b %v (want t0: never backwards)", ga.LastSeenAt, gb.LastSeenAt)
+	}
+	if ga.State != a.State || ga.PollQueue != a.PollQueue || ga.LastSeq != a.LastSeq {
+		t.Fatalf("touch changed more than last seen: %+v -> %+v", a, ga)
+	}
+	if missing, err := db.TouchWorkers(bg, nil); err != nil || len(missing) != 0 {
+		t.Fatalf("empty batch: %v %v", missing, err)
 	}
 }
