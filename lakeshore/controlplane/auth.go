@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -134,6 +135,39 @@ func closeUnread(w http.ResponseWriter) {
 	w.Header().Set("Connection", "close")
 }
 
+// tokenByHash reads a token through the token cache (caches.go).
+func (s *Server) tokenByHash(ctx context.Context, hash string) (store.Token, error) {
+	if t, ok := s.caches.token(hash); ok {
+		return t, nil
+	}
+	epoch := s.caches.now()
+	t, err := s.st.TokenByHash(ctx, hash)
+	if err != nil {
+		return t, err
+	}
+	s.caches.putToken(t, epoch)
+	return t, nil
+}
+
+// workerHasKey reports whether the worker has a current key (then only
+// its signature speaks for it), through the cache.
+func (s *Server) workerHasKey(ctx context.Context, workerID string) (bool, error) {
+	if has, ok := s.caches.workerHasKey(workerID); ok {
+		return has, nil
+	}
+	epoch := s.caches.now()
+	_, err := s.ident.keys.CurrentKey(ctx, workerID)
+	switch {
+	case err == nil:
+		s.caches.putWorkerHasKey(workerID, true, epoch)
+		return true, nil
+	case isNotFound(err):
+		s.caches.putWorkerHasKey(workerID, false, epoch)
+		return false, nil
+	}
+	return false, err
+}
+
 func (s *Server) authenticateDaemon(r *http.Request) (daemonPrincipal, error) {
 	unauthorized := func(reason string) error {
 		return badField(http.StatusUnauthorized, "authorization", "%s", reason)
@@ -148,7 +182,7 @@ func (s *Server) authenticateDaemon(r *http.Request) (daemonPrincipal, error) {
 	if len(tok) > maxBearerLen {
 		return daemonPrincipal{}, unauthorized("unknown token")
 	}
-	t, err := s.st.TokenByHash(r.Context(), hashSecret(tok))
+	t, err := s.tokenByHash(r.Context(), hashSecret(tok))
 	if errors.Is(err, store.ErrNotFound) {
 		return daemonPrincipal{}, unauthorized("unknown token")
 	}

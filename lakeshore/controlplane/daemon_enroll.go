@@ -425,6 +425,8 @@ func (s *Server) storeHello(ctx context.Context, h store.Hello) (wk store.Worker
 			return wk, created, nil, &messages.Reject{Code: messages.RejectKeyIDMismatch, Message: "this daemon is enrolled with another key"}, nil
 		}
 		if err == nil && hi.rebindFrom != "" && wk.ID != hi.rebindFrom {
+			// The key's cached row names its old worker.
+			s.announce(keysAnnouncement(hi.rebindFrom))
 			s.log.Info().Str("worker_id", wk.ID).Str("key_id", hi.key.ID).Str("from_worker_id", hi.rebindFrom).Msg("key moved to the re-created worker")
 		}
 		return wk, created, nil, nil, err

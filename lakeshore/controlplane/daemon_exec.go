@@ -141,15 +141,15 @@ func (s *Server) authorizeExec(w http.ResponseWriter, r *http.Request, id, finis
 		return refuse(errUnknownExec)
 	}
 	if p.key == nil {
-		_, err := s.ident.keys.CurrentKey(r.Context(), ex.WorkerID)
+		has, err := s.workerHasKey(r.Context(), ex.WorkerID)
 		switch {
-		case err == nil:
+		case err != nil:
+			s.log.Error().Err(err).Str("worker_id", ex.WorkerID).Msg("look up the worker's key")
+			return refuse(err)
+		case has:
 			closeUnread(w)
 			s.refuse(w, r, "unsigned_request_from_enrolled_worker", nil)
 			return daemonPrincipal{}, false
-		case !isNotFound(err):
-			s.log.Error().Err(err).Str("worker_id", ex.WorkerID).Msg("look up the worker's key")
-			return refuse(err)
 		}
 	}
 	if rerr := execStateError(execStateErr(ex.State), finished); rerr != nil {

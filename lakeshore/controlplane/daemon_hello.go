@@ -89,6 +89,12 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		s.helloVerdict(w, r, &req, &helloReject{*rej})
 		return
 	}
+	// Its state, incarnation, queues or key may have changed; its token
+	// may be bound now, or to it instead of a worker that was removed.
+	s.changed(wk.ID)
+	if id := boundTokenID(p); id != "" {
+		s.announce(tokenAnnouncement(id))
+	}
 	s.log.Info().Str("worker_id", wk.ID).Str("machine_id", wk.MachineID).Str("label", wk.Label).
 		Bool("created", created).Str("daemon_version", *req.Versions.Daemon).Str("incarnation", req.Incarnation).Bool("single_job", wk.SingleJob).Msg("hello")
 	if !created {

@@ -85,6 +85,7 @@ func (s *Server) handleKeys(w http.ResponseWriter, r *http.Request) {
 	err = s.ident.keys.RotateKey(r.Context(), key.ID, store.Key{
 		ID: req.KeyID, WorkerID: key.WorkerID, Namespace: key.Namespace, PublicKey: pub, CreatedAt: s.now(),
 	})
+	s.announce(keysAnnouncement(key.WorkerID))
 	switch {
 	case errors.Is(err, store.ErrKeyExists):
 		refuseRotation("the new key was enrolled before; make a fresh one")

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
@@ -47,33 +48,46 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 	}
 	log := s.log.With().Str("worker_id", req.WorkerID).Logger()
 	now := s.now()
-	poll := store.Poll{WorkerID: req.WorkerID, Queue: req.Queue, Cursor: cursor, Now: now,
-		Running: make([]store.InvocationStatus, 0, len(req.Invocations))}
-	for _, inv := range req.Invocations {
-		poll.Running = append(poll.Running, store.InvocationStatus{
-			InvocationID: inv.InvocationID, State: inv.State, StartedAt: epochTime(inv.StartedAt),
-			ExitCode: inv.ExitCode, StdoutTail: inv.StdoutTail,
-		})
+	// A poll that changes nothing but the worker's last seen is answered
+	// from memory (presence.go); any other records itself.
+	view, gen, quiet := s.presence.quiet(req.WorkerID, req.Queue, cursor, len(req.Invocations) > 0, req.UpdatedCapabilities != nil, now)
+	var (
+		wk      store.Worker
+		running int
+		known   bool // running is what the store said
+	)
+	if !quiet {
+		gen = s.presence.generation(req.WorkerID, now)
+		poll := store.Poll{WorkerID: req.WorkerID, Queue: req.Queue, Cursor: cursor, Now: now,
+			Running: make([]store.InvocationStatus, 0, len(req.Invocations))}
+		for _, inv := range req.Invocations {
+			poll.Running = append(poll.Running, store.InvocationStatus{
+				InvocationID: inv.InvocationID, State: inv.State, StartedAt: epochTime(inv.StartedAt),
+				ExitCode: inv.ExitCode, StdoutTail: inv.StdoutTail,
+			})
+		}
+		if c := req.UpdatedCapabilities; c != nil {
+			poll.UpdatedCapabilities = &store.Capabilities{Runners: c.Runners, MaxInvocations: c.MaxInvocations, Workdir: c.Workdir}
+			log.Info().Strs("runners", c.Runners).Msg("capabilities updated")
+		}
+		wk, err = s.st.RecordPoll(r.Context(), poll)
+		if isNotFound(err) {
+			s.presence.drop(req.WorkerID)
+			writeDaemonError(w, errUnknownWorker)
+			return
+		}
+		if err != nil && r.Context().Err() != nil {
+			log.Debug().Err(err).Msg("poll abandoned by the daemon")
+			return
+		}
+		if err != nil {
+			log.Error().Err(err).Msg("poll: store")
+			writeDaemonError(w, err)
+			return
+		}
+		running, known = s.reportRunning(r.Context(), wk.ID, poll.Running, log)
+		view = pollView{id: wk.ID, namespace: wk.Namespace, deliveredSeq: wk.DeliveredSeq, ackedSeq: wk.AckedSeq}
 	}
-	if c := req.UpdatedCapabilities; c != nil {
-		poll.UpdatedCapabilities = &store.Capabilities{Runners: c.Runners, MaxInvocations: c.MaxInvocations, Workdir: c.Workdir}
-		log.Info().Strs("runners", c.Runners).Msg("capabilities updated")
-	}
-	wk, err := s.st.RecordPoll(r.Context(), poll)
-	if isNotFound(err) {
-		writeDaemonError(w, errUnknownWorker)
-		return
-	}
-	if err != nil && r.Context().Err() != nil {
-		log.Debug().Err(err).Msg("poll abandoned by the daemon")
-		return
-	}
-	if err != nil {
-		log.Error().Err(err).Msg("poll: store")
-		writeDaemonError(w, err)
-		return
-	}
-	s.reportRunning(r.Context(), wk.ID, poll.Running, log)
 
 	// after is where delivery resumes. With a cursor it is the cursor, but
 	// never past what was delivered; without one, everything unacknowledged
@@ -81,35 +95,46 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 	legacy := cursor == nil
 	after := int64(0)
 	if !legacy {
-		after = min(*cursor, wk.DeliveredSeq)
+		after = min(*cursor, view.deliveredSeq)
 	}
-	wait := time.Duration(0)
-	if req.TimeoutS > 0 {
-		wait = min(time.Duration(req.TimeoutS*float64(time.Second)), s.pollCap)
-	}
-	timer := time.NewTimer(wait)
+	timer := time.NewTimer(s.pollWait(req.TimeoutS))
 	defer timer.Stop()
 	if req.Hibernating {
 		// A watch poll: the daemon sleeps through its hibernation, and
 		// is answered with commands only once a wake is queued.
-		switch s.watchForWake(r.Context(), wk.ID, after, timer.C, log) {
+		switch s.watchForWake(r.Context(), view.id, after, timer.C, log) {
 		case parkGone:
 			return
 		case parkOver:
-			s.writePollResponse(w, r, wk, after, nil, false, log)
+			s.writePollResponse(w, r, view, after, nil, false, log)
 			return
 		}
 	}
 	var cmds []store.Command
+	first := true
 	for {
-		woken, release := s.wake.subscribe(workerKey(wk.ID))
-		s.dispatch(r.Context(), wk.ID, log)
-		cmds, err = s.st.Take(r.Context(), wk.ID, after, pollBatch, legacy, s.now())
-		if err != nil || len(cmds) > 0 {
-			release()
-			break
+		woken, release := s.wake.subscribe(workerKey(view.id))
+		claim, take := s.presence.due(view.id, after)
+		claimed := true
+		if claim {
+			var n int
+			n, claimed = s.dispatch(r.Context(), view.id, log)
+			running += n
+			// Each claim queued a run command the memo knows nothing of.
+			take = take || n > 0
 		}
-		switch s.park(r.Context(), workerKey(wk.ID), woken, release, timer.C) {
+		if take {
+			cmds, err = s.st.Take(r.Context(), view.id, after, pollBatch, legacy, s.now())
+			if err != nil || len(cmds) > 0 {
+				release()
+				break
+			}
+		}
+		if first && !quiet && known && claimed {
+			s.presence.settle(wk, gen, after, running, now)
+		}
+		first = false
+		switch s.park(r.Context(), workerKey(view.id), woken, release, timer.C) {
 		case parkWoken:
 			continue
 		case parkGone:
@@ -119,6 +144,7 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 	}
 	if err != nil {
 		if isNotFound(err) {
+			s.presence.drop(view.id)
 			writeDaemonError(w, errUnknownWorker)
 			return
 		}
@@ -131,13 +157,28 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 		writeDaemonError(w, err)
 		return
 	}
+	if len(cmds) > 0 {
+		// What the memo says of the worker's sequence is out of date.
+		s.presence.queued(view.id)
+	}
+	s.writePollResponse(w, r, view, after, cmds, legacy, log)
+}
 
-	s.writePollResponse(w, r, wk, after, cmds, legacy, log)
+// pollWait is how long a poll that finds nothing waits: what the daemon
+// asked (at most the server's cap), ended at a random point between 0.8
+// and 1.0 of it, so that a fleet whose daemons said hello together drifts
+// out of lockstep within a few cycles instead of polling in waves.
+func (s *Server) pollWait(timeoutS float64) time.Duration {
+	if timeoutS <= 0 {
+		return 0
+	}
+	d := min(time.Duration(timeoutS*float64(time.Second)), s.pollCap)
+	return d - time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
 // writePollResponse answers a poll with cmds and the cursor past them.
-func (s *Server) writePollResponse(w http.ResponseWriter, r *http.Request, wk store.Worker, after int64, cmds []store.Command, legacy bool, log zerolog.Logger) {
-	next := max(after, wk.AckedSeq)
+func (s *Server) writePollResponse(w http.ResponseWriter, r *http.Request, wk pollView, after int64, cmds []store.Command, legacy bool, log zerolog.Logger) {
+	next := max(after, wk.ackedSeq)
 	resp := &messages.PollResponse{Commands: make([]messages.Command, 0, len(cmds))}
 	for _, c := range cmds {
 		resp.Commands = append(resp.Commands, messages.Command{ID: c.ID, Kind: c.Kind, Body: c.Body})
@@ -151,7 +192,7 @@ func (s *Server) writePollResponse(w http.ResponseWriter, r *http.Request, wk st
 	}
 	cur := strconv.FormatInt(next, 10)
 	resp.Cursor = &cur
-	resp.TargetNymphVersion = s.targetVersionFor(r.Context(), wk.Namespace, log)
+	resp.TargetNymphVersion = s.targetVersionFor(r.Context(), wk.namespace, log)
 	if len(cmds) > 0 {
 		log.Debug().Int("commands", len(cmds)).Str("cursor", cur).Bool("legacy", legacy).Msg("commands delivered")
 	}
@@ -165,7 +206,14 @@ func (s *Server) writePollResponse(w http.ResponseWriter, r *http.Request, wk st
 func (s *Server) watchForWake(ctx context.Context, workerID string, after int64, timeout <-chan time.Time, log zerolog.Logger) parkEnd {
 	for {
 		woken, release := s.wake.subscribe(workerKey(workerID))
-		pending, err := s.st.WakePending(ctx, workerID, after)
+		var (
+			pending bool
+			err     error
+		)
+		// A wake is a command: with none due, none is pending.
+		if _, take := s.presence.due(workerID, after); take {
+			pending, err = s.st.WakePending(ctx, workerID, after)
+		}
 		if err != nil || pending {
 			release()
 			if pending {

@@ -30,9 +30,9 @@ type identityState struct {
 	rotating sync.Map
 }
 
-func newIdentityState(keys store.Keys, requireSigs bool, maxAge time.Duration, opts ...identity.Option) *identityState {
+func newIdentityState(keys store.Keys, cache *caches, requireSigs bool, maxAge time.Duration, opts ...identity.Option) *identityState {
 	return &identityState{
-		verifier:    identity.NewVerifier(keyLookup{keys: keys}, opts...),
+		verifier:    identity.NewVerifier(keyLookup{keys: keys, cache: cache}, opts...),
 		keys:        keys,
 		requireSigs: requireSigs,
 		maxAge:      max(maxAge, 0),
@@ -42,7 +42,10 @@ func newIdentityState(keys store.Keys, requireSigs bool, maxAge time.Duration, o
 // keyLookup resolves key ids for the Verifier. A request that wants the
 // whole key row (its worker, its namespace) puts a *keyCapture in the
 // context, which saves a second read of the same row.
-type keyLookup struct{ keys store.Keys }
+type keyLookup struct {
+	keys  store.Keys
+	cache *caches
+}
 
 type keyCapture struct {
 	key store.Key
@@ -52,12 +55,18 @@ type keyCapture struct {
 type keyCaptureCtx struct{}
 
 func (l keyLookup) LookupKey(ctx context.Context, keyID string) (ed25519.PublicKey, bool, error) {
-	k, err := l.keys.Key(ctx, keyID)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, false, identity.ErrUnknownKey
-	}
-	if err != nil {
-		return nil, false, err
+	k, ok := l.cache.key(keyID)
+	if !ok {
+		epoch := l.cache.now()
+		var err error
+		k, err = l.keys.Key(ctx, keyID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, false, identity.ErrUnknownKey
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		l.cache.putKey(k, epoch)
 	}
 	if c, _ := ctx.Value(keyCaptureCtx{}).(*keyCapture); c != nil {
 		c.key, c.ok = k, true
@@ -281,14 +290,14 @@ func (s *Server) actsFor(w http.ResponseWriter, r *http.Request, p daemonPrincip
 		writeDaemonError(w, badField(status, "worker_id", "not the worker this token is bound to"))
 		return false
 	}
-	_, err := s.ident.keys.CurrentKey(r.Context(), wid)
+	has, err := s.workerHasKey(r.Context(), wid)
 	switch {
-	case err == nil:
-		s.refuse(w, r, "unsigned_request_from_enrolled_worker", nil)
-		return false
-	case !isNotFound(err):
+	case err != nil:
 		s.log.Error().Err(err).Str("worker_id", wid).Msg("look up the worker's key")
 		writeDaemonError(w, err)
+		return false
+	case has:
+		s.refuse(w, r, "unsigned_request_from_enrolled_worker", nil)
 		return false
 	}
 	return true

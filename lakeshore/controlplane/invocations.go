@@ -309,7 +309,7 @@ func (s *Server) canTake(w store.Worker, queue, runner string, now time.Time) bo
 // wakeEligible wakes the parked polls of every worker that could take an
 // invocation of queue and runner, and counts them.
 func (s *Server) wakeEligible(ctx context.Context, ns, queue, runner string, now time.Time) int {
-	all, err := s.st.ListWorkers(ctx, ns)
+	all, err := s.listWorkers(ctx, ns)
 	if err != nil {
 		s.log.Error().Err(err).Msg("listing workers to wake")
 		return 0
@@ -318,6 +318,7 @@ func (s *Server) wakeEligible(ctx context.Context, ns, queue, runner string, now
 	for _, w := range all {
 		if s.canTake(w, queue, runner, now) {
 			n++
+			s.presence.claimable(w.ID)
 			s.wake.broadcast(workerKey(w.ID))
 		}
 	}
@@ -325,34 +326,39 @@ func (s *Server) wakeEligible(ctx context.Context, ns, queue, runner string, now
 }
 
 // dispatch claims what the polling worker can take; the run commands then
-// go out with the poll's batch.
-func (s *Server) dispatch(ctx context.Context, workerID string, log zerolog.Logger) {
+// go out with the poll's batch. It returns how many it claimed, and ok
+// false when the claim failed.
+func (s *Server) dispatch(ctx context.Context, workerID string, log zerolog.Logger) (n int, ok bool) {
 	invs, err := s.st.ClaimInvocations(ctx, store.Claim{WorkerID: workerID, Limit: pollBatch, Now: s.now(), NewID: newULID})
 	if err != nil {
 		if !isNotFound(err) && ctx.Err() == nil {
 			log.Error().Err(err).Msg("claiming invocations")
 		}
-		return
+		return 0, false
 	}
 	for _, inv := range invs {
 		s.wake.broadcast(invocationKey(inv.ID))
 		log.Info().Str("invocation_id", inv.ID).Str("queue", inv.Queue).Str("command_id", inv.CommandID).Msg("invocation dispatched")
 	}
+	return len(invs), true
 }
 
 // reportRunning records a poll's invocation statuses and fails what the
-// worker has stopped reporting for longer than the stale window.
-func (s *Server) reportRunning(ctx context.Context, workerID string, running []store.InvocationStatus, log zerolog.Logger) {
-	lost, _, err := s.st.ReportRunning(ctx, store.RunningReport{WorkerID: workerID, Statuses: running, Now: s.now(), MissingGrace: s.staleAfter})
+// worker has stopped reporting for longer than the stale window. It
+// returns how many invocations the store has running on the worker (ok
+// false: unknown, the store failed).
+func (s *Server) reportRunning(ctx context.Context, workerID string, running []store.InvocationStatus, log zerolog.Logger) (n int, ok bool) {
+	lost, n, err := s.st.ReportRunning(ctx, store.RunningReport{WorkerID: workerID, Statuses: running, Now: s.now(), MissingGrace: s.staleAfter})
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Error().Err(err).Msg("recording invocation statuses")
 		}
-		return
+		return 0, false
 	}
 	for _, l := range lost {
 		s.failLost(ctx, l)
 	}
+	return n, true
 }
 
 // invocationView turns a row into the operator's view.

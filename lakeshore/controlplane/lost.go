@@ -42,6 +42,8 @@ const DefaultLostAfter = 5 * time.Minute
 
 // sweepLost resolves every exec and invocation whose worker is lost.
 func (s *Server) sweepLost(ctx context.Context) {
+	// Staleness is read from the stored last seen: write what memory has.
+	s.flushPresence(ctx, s.log)
 	s.sweepLostInvocations(ctx)
 	s.sweepLostExecs(ctx)
 }

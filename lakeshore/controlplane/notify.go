@@ -35,6 +35,17 @@ const (
 	listenRetryMax = 5 * time.Second
 )
 
+// delivered acts on a key another replica published: its caches and
+// memos first, then the long-polls waiting on it. "" comes first on every
+// new listen: the caches go live, empty.
+func (s *Server) delivered(key string) {
+	if key == "" {
+		s.caches.setLive(true)
+	}
+	s.apply(key)
+	s.wake.deliver(key)
+}
+
 // startNotifier makes every broadcast reach the other replicas through n
 // and delivers theirs to this process's waiters, until the returned stop is
 // called.
@@ -55,7 +66,9 @@ func (s *Server) startNotifier(n Notifier) (stop func()) {
 		retry := backoff.New(listenRetryMin, listenRetryMax)
 		for {
 			began := time.Now()
-			err := n.Listen(ctx, s.wake.deliver)
+			err := n.Listen(ctx, s.delivered)
+			// Not listening: what the others change goes unheard.
+			s.caches.setLive(false)
 			if ctx.Err() != nil {
 				return
 			}

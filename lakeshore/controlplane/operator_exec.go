@@ -180,7 +180,7 @@ func (s *Server) queueExec(w http.ResponseWriter, r *http.Request) (workerPicker
 	if _, err := s.buildExec(r, req, "check"); err != nil {
 		return nil, req, err
 	}
-	all, err := s.st.ListWorkers(r.Context(), ns)
+	all, err := s.listWorkers(r.Context(), ns)
 	if err != nil {
 		return nil, req, err
 	}

@@ -44,6 +44,7 @@ func (s *Server) handleRevokeKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	k, err := s.ident.keys.RevokeKey(r.Context(), wk.ID, req.KeyID, s.now())
+	s.announce(keysAnnouncement(wk.ID))
 	if isNotFound(err) {
 		if req.KeyID == "" {
 			writeOperatorError(w, badField(http.StatusNotFound, "keyId", "daemon %s has no unrevoked key", wk.ID))

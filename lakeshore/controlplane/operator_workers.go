@@ -32,14 +32,14 @@ func (s *Server) resolveWorker(r *http.Request) (store.Worker, error) {
 	if id == "" || len(id) > 256 {
 		return store.Worker{}, errNoSuchWorker
 	}
-	w, err := s.st.Worker(r.Context(), ns, id)
+	w, err := s.worker(r.Context(), ns, id)
 	if err == nil {
 		return w, nil
 	}
 	if !isNotFound(err) {
 		return store.Worker{}, err
 	}
-	all, err := s.st.ListWorkers(r.Context(), ns)
+	all, err := s.listWorkers(r.Context(), ns)
 	if err != nil {
 		return store.Worker{}, err
 	}
@@ -109,7 +109,7 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	all, err := s.st.ListWorkers(r.Context(), ns)
+	all, err := s.listWorkers(r.Context(), ns)
 	if err != nil {
 		s.log.Error().Err(err).Msg("list workers")
 		writeOperatorError(w, err)
@@ -155,7 +155,7 @@ func (s *Server) handleKillWorker(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	s.wake.broadcast(workerKey(wk.ID))
+	s.forget(wk.ID)
 	s.log.Info().Str("worker_id", wk.ID).Str("label", wk.Label).Msg("worker killed")
 	s.sweepLost(r.Context())
 	writeJSON(w, http.StatusOK, operatorapi.KillResponse{Deleted: wk.ID, Terminated: false})
@@ -180,7 +180,9 @@ func (s *Server) handleCleanup(w http.ResponseWriter, r *http.Request) {
 	}
 	now := s.now()
 	cutoff := now.Add(-time.Duration(h * float64(time.Hour)))
-	all, err := s.st.ListWorkers(r.Context(), ns)
+	// The removal reads the stored last seen: write what memory has.
+	s.flushPresence(r.Context(), s.log)
+	all, err := s.listWorkers(r.Context(), ns)
 	if err != nil {
 		writeOperatorError(w, err)
 		return
@@ -210,7 +212,7 @@ func (s *Server) handleCleanup(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Deleted = append(out.Deleted, s.workerView(wk, now))
 		if !req.DryRun {
-			s.wake.broadcast(workerKey(id))
+			s.forget(id)
 		}
 	}
 	out.Count = len(out.Deleted)

@@ -21,11 +21,16 @@ import (
 // target_nymph_version. A store failure is logged and advertised as no
 // target: a daemon must keep getting its commands whatever this costs.
 func (s *Server) targetVersionFor(ctx context.Context, namespace string, log zerolog.Logger) *string {
+	if v, ok := s.caches.targetVersion(namespace); ok {
+		return v
+	}
+	epoch := s.caches.now()
 	v, err := s.st.TargetVersion(ctx, namespace)
 	if err != nil {
 		log.Warn().Err(err).Msg("poll: read target version")
 		return nil
 	}
+	s.caches.putTargetVersion(namespace, v, epoch)
 	return v
 }
 
@@ -73,7 +78,9 @@ func (s *Server) handleSetTargetVersion(w http.ResponseWriter, r *http.Request) 
 		writeOperatorError(w, releaseFieldError("version", err))
 		return
 	}
-	if err := s.st.SetTargetVersion(r.Context(), ns, &req.Version, s.now()); err != nil {
+	err = s.st.SetTargetVersion(r.Context(), ns, &req.Version, s.now())
+	s.announce(targetAnnouncement(ns))
+	if err != nil {
 		s.log.Error().Err(err).Msg("set target version")
 		writeOperatorError(w, err)
 		return
@@ -88,7 +95,9 @@ func (s *Server) handleClearTargetVersion(w http.ResponseWriter, r *http.Request
 		writeOperatorError(w, err)
 		return
 	}
-	if err := s.st.SetTargetVersion(r.Context(), ns, nil, s.now()); err != nil {
+	err = s.st.SetTargetVersion(r.Context(), ns, nil, s.now())
+	s.announce(targetAnnouncement(ns))
+	if err != nil {
 		s.log.Error().Err(err).Msg("clear target version")
 		writeOperatorError(w, err)
 		return

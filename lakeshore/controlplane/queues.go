@@ -156,6 +156,8 @@ func (s *Server) handleEditWorkerQueues(w http.ResponseWriter, r *http.Request) 
 		writeOperatorError(w, err)
 		return
 	}
+	// Its memos go: it may claim from other queues now.
+	s.changed(wk.ID)
 	s.log.Info().Str("worker_id", wk.ID).Strs("added", req.Add).Strs("removed", req.Remove).
 		Strs("queues", updated.Queues).Msg("worker queues edited")
 	writeJSON(w, http.StatusOK, operatorapi.WorkerQueues{

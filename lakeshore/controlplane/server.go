@@ -115,6 +115,8 @@ type Server struct {
 	publicURL         atomic.Pointer[string]
 	addr              string
 	wake              *hub
+	presence          *presence
+	caches            *caches
 	handler           http.Handler
 	rel               releaseState
 	payloads          *PayloadStore
@@ -209,6 +211,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.limits, err = cfg.Limits.withDefaults(); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
+	// A lone control plane hears of every change; replicas once they
+	// listen to each other.
+	s.caches = newCaches(cfg.Notifier == nil)
+	s.presence = newPresence(&s.caches.live)
 	if s.maxConnsPerIP = cfg.MaxConnsPerIP; s.maxConnsPerIP < 0 {
 		return nil, fmt.Errorf("controlplane: MaxConnsPerIP %d: must not be negative", cfg.MaxConnsPerIP)
 	}
@@ -249,7 +255,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if burst <= 0 {
 		burst = DefaultKeyRequestBurst
 	}
-	s.ident = newIdentityState(s.st, cfg.RequireSignatures, cfg.KeyRotationMaxAge,
+	s.ident = newIdentityState(s.st, s.caches, cfg.RequireSignatures, cfg.KeyRotationMaxAge,
 		identity.WithNonceLedger(s.nonces), identity.WithKeyRate(rate, burst))
 	if err := cfg.Payloads.migrateLegacy(s.log); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
@@ -260,6 +266,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		s.stopNotifier = s.startNotifier(cfg.Notifier)
 	}
 	s.startSweeper()
+	s.startPresenceFlush()
 	purge := cfg.NoncePurgeInterval
 	if purge <= 0 {
 		purge = DefaultNoncePurgeInterval
@@ -336,6 +343,8 @@ func (s *Server) Close() error {
 		case <-time.After(10 * time.Second):
 			s.log.Warn().Msg("closing the store with requests still in flight")
 		}
+		// What the last polls noted is written before the store closes.
+		s.flushPresence(context.Background(), s.log)
 		if s.stopNotifier != nil {
 			s.stopNotifier()
 		}

@@ -92,8 +92,8 @@ func (s *Server) handleListTokens(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// handleRevokeToken revokes a token at once: the daemon route guard reads
-// the token on every request, so the next request made with it is refused.
+// handleRevokeToken revokes a token at once: it is dropped from the token
+// caches of every replica, so the next request made with it is refused.
 // Revoking a revoked token answers it again.
 func (s *Server) handleRevokeToken(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("token_id")
@@ -102,6 +102,9 @@ func (s *Server) handleRevokeToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t, err := s.st.RevokeToken(r.Context(), id, s.now())
+	// Dropped from every replica's cache (caches.go), whatever the store
+	// said: a revocation that failed half-way drops a row that is fine.
+	s.announce(tokenAnnouncement(id))
 	if isNotFound(err) {
 		writeOperatorError(w, badField(http.StatusNotFound, "token_id", "no such token"))
 		return

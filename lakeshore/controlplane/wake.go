@@ -58,6 +58,14 @@ func (h *hub) broadcast(key string) {
 	}
 }
 
+// publishOnly tells the other replicas that key changed, waking nobody
+// here (announcements: see caches).
+func (h *hub) publishOnly(key string) {
+	if h.publish != nil {
+		h.publish(key)
+	}
+}
+
 // deliver wakes this process's subscribers of key, or of every key when key
 // is empty.
 func (h *hub) deliver(key string) {
