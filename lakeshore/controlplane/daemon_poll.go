@@ -130,8 +130,12 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 				break
 			}
 		}
-		if first && !quiet && known && claimed {
+		switch {
+		case !first || !claimed:
+		case !quiet && known:
 			s.presence.settle(wk, gen, after, running, now)
+		case quiet && (claim || take):
+			s.presence.nothingDue(view.id, gen, after)
 		}
 		first = false
 		switch s.park(r.Context(), workerKey(view.id), woken, release, timer.C) {
@@ -159,7 +163,7 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 	}
 	if len(cmds) > 0 {
 		// What the memo says of the worker's sequence is out of date.
-		s.presence.queued(view.id)
+		s.presence.delivered(view.id)
 	}
 	s.writePollResponse(w, r, view, after, cmds, legacy, log)
 }

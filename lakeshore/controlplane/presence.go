@@ -68,7 +68,9 @@ type presenceEntry struct {
 	valid bool // m describes the worker and nothing waits for it
 	// claim: an invocation may be claimable by the worker (set by the
 	// local submit path); valid memos with claim false skip the claim.
-	claim    bool
+	claim bool
+	// take: a command was queued since the memo was left.
+	take     bool
 	m        memo
 	seenAt   time.Time // last poll, in memory
 	touched  bool      // seenAt not flushed yet
@@ -185,7 +187,7 @@ func (p *presence) due(id string, after int64) (claim, take bool) {
 		return true, true
 	}
 	m := &e.m
-	take = m.lastSeq > max(after, m.ackedSeq) && after < m.clearAbove
+	take = e.take || m.lastSeq > max(after, m.ackedSeq) && after < m.clearAbove
 	return e.claim || m.running > 0, take
 }
 
@@ -199,11 +201,23 @@ func (p *presence) settle(w store.Worker, gen uint64, after int64, running int, 
 	if e.gen != gen {
 		return
 	}
-	e.valid, e.claim = true, false
+	e.valid, e.claim, e.take = true, false, false
 	e.m = memo{
 		namespace: w.Namespace, state: w.State, setupPending: w.SetupPending, hibernatingUntil: w.HibernatingUntil,
 		pollQueue: w.PollQueue, deliveredSeq: w.DeliveredSeq, ackedSeq: w.AckedSeq, lastSeq: w.LastSeq,
 		clearAbove: after, running: running,
+	}
+}
+
+// nothingDue notes that a poll answered from the memo looked (claimed,
+// took after after) and found nothing, unless the generation moved past
+// gen meanwhile.
+func (p *presence) nothingDue(id string, gen uint64, after int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e := p.m[id]; e != nil && e.gen == gen && e.valid {
+		e.claim, e.take = false, false
+		e.m.clearAbove = after
 	}
 }
 
@@ -229,7 +243,20 @@ func (p *presence) claimable(id string) {
 }
 
 // queued notes a command queued for the worker: its next look takes.
+// The memo still holds for what a poll records (a command changes none of
+// it until it is delivered).
 func (p *presence) queued(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e := p.m[id]; e != nil {
+		e.gen++
+		e.take = true
+	}
+}
+
+// delivered notes commands handed to the worker: its sequence numbers
+// moved, the memo no longer holds.
+func (p *presence) delivered(id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e := p.m[id]; e != nil {

@@ -1,0 +1,353 @@
+package controlplane
+
+import (
+	"context"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/store"
+	"nymph/lakeshore/store/sqlite"
+	"nymph/messages"
+	"nymph/test/wait"
+)
+
+// countingStore counts the calls of every store method a daemon route
+// can make, so a test can say which requests leave the store alone.
+type countingStore struct {
+	store.Store
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (c *countingStore) count(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.calls == nil {
+		c.calls = map[string]int{}
+	}
+	c.calls[name]++
+}
+
+// take returns the calls since the last take, "" when there were none.
+func (c *countingStore) take() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var names []string
+	for n, k := range c.calls {
+		names = append(names, n+"×"+strings.Repeat("I", min(k, 9)))
+	}
+	sort.Strings(names)
+	c.calls = nil
+	return strings.Join(names, " ")
+}
+
+func (c *countingStore) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error) {
+	c.count("RecordPoll")
+	return c.Store.RecordPoll(ctx, p)
+}
+
+func (c *countingStore) TouchWorkers(ctx context.Context, seen []store.Seen) ([]string, error) {
+	c.count("TouchWorkers")
+	return c.Store.TouchWorkers(ctx, seen)
+}
+
+func (c *countingStore) Take(ctx context.Context, id string, after int64, limit int, ackNow bool, now time.Time) ([]store.Command, error) {
+	c.count("Take")
+	return c.Store.Take(ctx, id, after, limit, ackNow, now)
+}
+
+func (c *countingStore) WakePending(ctx context.Context, id string, after int64) (bool, error) {
+	c.count("WakePending")
+	return c.Store.WakePending(ctx, id, after)
+}
+
+func (c *countingStore) ClaimInvocations(ctx context.Context, cl store.Claim) ([]store.Invocation, error) {
+	c.count("ClaimInvocations")
+	return c.Store.ClaimInvocations(ctx, cl)
+}
+
+func (c *countingStore) ReportRunning(ctx context.Context, r store.RunningReport) ([]store.LostInvocation, int, error) {
+	c.count("ReportRunning")
+	return c.Store.ReportRunning(ctx, r)
+}
+
+func (c *countingStore) TargetVersion(ctx context.Context, ns string) (*string, error) {
+	c.count("TargetVersion")
+	return c.Store.TargetVersion(ctx, ns)
+}
+
+func (c *countingStore) TokenByHash(ctx context.Context, hash string) (store.Token, error) {
+	c.count("TokenByHash")
+	return c.Store.TokenByHash(ctx, hash)
+}
+
+func (c *countingStore) Key(ctx context.Context, id string) (store.Key, error) {
+	c.count("Key")
+	return c.Store.Key(ctx, id)
+}
+
+func (c *countingStore) CurrentKey(ctx context.Context, workerID string) (store.Key, error) {
+	c.count("CurrentKey")
+	return c.Store.CurrentKey(ctx, workerID)
+}
+
+func (c *countingStore) UseNonces(ctx context.Context, uses []store.NonceUse) ([]bool, error) {
+	c.count("UseNonces")
+	return c.Store.UseNonces(ctx, uses)
+}
+
+func (c *countingStore) Worker(ctx context.Context, ns, id string) (store.Worker, error) {
+	c.count("Worker")
+	return c.Store.Worker(ctx, ns, id)
+}
+
+func (c *countingStore) ListWorkers(ctx context.Context, ns string) ([]store.Worker, error) {
+	c.count("ListWorkers")
+	return c.Store.ListWorkers(ctx, ns)
+}
+
+func openCounting(t *testing.T) *countingStore {
+	t.Helper()
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "counted.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &countingStore{Store: db}
+}
+
+// TestEmptyPollTouchesNoStore: once a worker's first poll has recorded
+// it, a poll that changes nothing (the same cursor, nothing running, no
+// new capabilities) reads and writes nothing — token, worker, queue,
+// claims, target version all come from memory — and neither does a
+// hibernating daemon's watch poll. Whatever changes something goes to the
+// store: a queued exec, the cursor that acknowledges it, new capabilities.
+func TestEmptyPollTouchesNoStore(t *testing.T) {
+	cs := openCounting(t)
+	e := newEnv(t, func(c *Config) { c.Store = cs })
+	tok := e.mintToken(operatorapi.TokenRequest{}).Token
+	hr := e.helloWith(tok, "m", "quiet", "inc-1")
+	id, cur := *hr.WorkerID, *hr.Cursor
+	poll := func(req messages.PollRequest) messages.PollResponse {
+		t.Helper()
+		req.WorkerID = id
+		r := e.daemonAs(tok, "/v1/daemon/poll", &req)
+		if r.status != http.StatusOK {
+			t.Fatalf("poll: %d %q", r.status, r.body)
+		}
+		return decodeMP[messages.PollResponse](t, r)
+	}
+
+	poll(messages.PollRequest{Cursor: &cur}) // the first records the worker
+	cs.take()
+	for i := 0; i < 3; i++ {
+		if p := poll(messages.PollRequest{Cursor: &cur}); len(p.Commands) != 0 || *p.Cursor != cur {
+			t.Fatalf("empty poll %d answered %v cursor %s", i, commandsOf(p), *p.Cursor)
+		}
+		if calls := cs.take(); calls != "" {
+			t.Fatalf("empty poll %d called the store: %s", i, calls)
+		}
+	}
+	poll(messages.PollRequest{Cursor: &cur, Hibernating: true})
+	if calls := cs.take(); calls != "" {
+		t.Fatalf("a watch poll with no wake queued called the store: %s", calls)
+	}
+
+	acc := e.exec(id, operatorapi.ExecRequest{Command: "true"})
+	cs.take()
+	p := poll(messages.PollRequest{Cursor: &cur})
+	if len(p.Commands) != 1 || p.Commands[0].Kind != messages.KindExec {
+		t.Fatalf("poll after an exec was queued answered %v", commandsOf(p))
+	}
+	if calls := cs.take(); !strings.Contains(calls, "Take") || strings.Contains(calls, "RecordPoll") {
+		t.Fatalf("handing over the exec called %q: want a Take and no RecordPoll", calls)
+	}
+	next := *p.Cursor
+	poll(messages.PollRequest{Cursor: &next}) // acknowledges it
+	if calls := cs.take(); !strings.Contains(calls, "RecordPoll") {
+		t.Fatalf("the cursor acknowledging the exec was not recorded: %q", calls)
+	}
+	if cmds, _ := cs.ListCommands(context.Background(), id); len(cmds) != 1 || cmds[0].AckedAt == nil {
+		t.Fatalf("exec command after the acknowledging poll: %+v", cmds)
+	}
+	poll(messages.PollRequest{Cursor: &next})
+	if calls := cs.take(); calls != "" {
+		t.Fatalf("empty poll after the acknowledgement called the store: %s", calls)
+	}
+	poll(messages.PollRequest{Cursor: &next, UpdatedCapabilities: &messages.Capabilities{Runners: []string{"echo"}, MaxInvocations: 2}})
+	if calls := cs.take(); !strings.Contains(calls, "RecordPoll") {
+		t.Fatalf("new capabilities were not recorded: %q", calls)
+	}
+	if w := e.worker(id); len(w.Capabilities.Runners) != 1 || w.Capabilities.Runners[0] != "echo" {
+		t.Fatalf("capabilities after the poll that changed them: %+v", w.Capabilities)
+	}
+	_ = acc
+}
+
+// TestQuietPollsKeepTheWorkerFresh: the last seen of a poll answered from
+// memory is what every read shows at once (the worker is not stale), and
+// what the store holds after one flush — one TouchWorkers for the lot.
+func TestQuietPollsKeepTheWorkerFresh(t *testing.T) {
+	cs := openCounting(t)
+	e := newEnv(t, func(c *Config) { c.Store = cs })
+	a, acur := e.hello("ma", "a")
+	b, bcur := e.hello("mb", "b")
+	e.poll(a, &acur, 0, "")
+	e.poll(b, &bcur, 0, "")
+	e.clock.Advance(operatorapi.StaleAfter + time.Second)
+	cs.take()
+	e.poll(a, &acur, 0, "")
+	e.poll(b, &bcur, 0, "")
+	if calls := cs.take(); calls != "" {
+		t.Fatalf("quiet polls called the store: %s", calls)
+	}
+	now := e.clock.Now()
+	for _, id := range []string{a, b} {
+		if w := e.worker(id); w.State == operatorapi.StateStale || !w.LastSeenAt.Equal(now) {
+			t.Fatalf("worker %s reads %s, last seen %v, want active at %v", id, w.State, w.LastSeenAt, now)
+		}
+	}
+	cs.take()
+	e.srv.flushPresence(context.Background(), e.srv.log)
+	if calls := cs.take(); calls != "TouchWorkers×I" {
+		t.Fatalf("flush called %q, want one TouchWorkers", calls)
+	}
+	for _, id := range []string{a, b} {
+		if w, err := cs.Store.Worker(context.Background(), "", id); err != nil || !w.LastSeenAt.Equal(now) {
+			t.Fatalf("stored last seen of %s: %v %v, want %v", id, w.LastSeenAt, err, now)
+		}
+	}
+	e.srv.flushPresence(context.Background(), e.srv.log)
+	if calls := cs.take(); calls != "" {
+		t.Fatalf("a flush with nothing new called %q", calls)
+	}
+}
+
+// TestRemovedWorkerIsNotAnsweredFromMemory: removing a worker drops its
+// memo, so its daemon's next poll is told the worker is unknown (and says
+// hello again), as before.
+func TestRemovedWorkerIsNotAnsweredFromMemory(t *testing.T) {
+	e := newEnv(t)
+	id, cur := e.hello("m", "doomed")
+	e.poll(id, &cur, 0, "")
+	e.poll(id, &cur, 0, "") // from memory
+	if r := e.op(http.MethodDelete, "/v1/namespaces/default/workers/"+id, nil); r.status != http.StatusOK && r.status != http.StatusNoContent {
+		t.Fatalf("kill: %d %s", r.status, r.body)
+	}
+	r := e.daemon("/v1/daemon/poll", &messages.PollRequest{WorkerID: id, Cursor: &cur})
+	if r.status != http.StatusNotFound {
+		t.Fatalf("poll of a removed worker: %d %q, want 404", r.status, r.body)
+	}
+}
+
+// TestReplicasDropWhatChangedElsewhere: two control planes on one store,
+// joined by a Notifier. A's caches and memos are dropped by what B
+// changes: a token revoked through B is refused by A on the next request;
+// a target version set through B is what A's next poll advertises; an
+// exec queued through B for a worker A answers from memory is handed over
+// by A's next poll.
+func TestReplicasDropWhatChangedElsewhere(t *testing.T) {
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "shared.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &countingStore{Store: db}
+	var bus bus
+	a := newEnv(t, func(c *Config) { c.Store, c.Notifier = cs, bus.member(0) })
+	b := newEnv(t, func(c *Config) { c.Store, c.Notifier = db, bus.member(0) })
+	for _, e := range []*env{a, b} {
+		wait.For(t, 10*time.Second, "the replica to listen", e.srv.caches.live.Load)
+	}
+	tok := a.mintToken(operatorapi.TokenRequest{}).Token
+	hr := a.helloWith(tok, "m", "shared", "inc-1")
+	id, cur := *hr.WorkerID, *hr.Cursor
+	poll := func() resp {
+		return a.daemonAs(tok, "/v1/daemon/poll", &messages.PollRequest{WorkerID: id, Cursor: &cur})
+	}
+	poll()
+	cs.take()
+	if r := poll(); r.status != http.StatusOK {
+		t.Fatalf("poll: %d", r.status)
+	}
+	if calls := cs.take(); calls != "" {
+		t.Fatalf("the quiet poll on A called the store: %s", calls)
+	}
+
+	b.exec(id, operatorapi.ExecRequest{Command: "true"})
+	r := poll()
+	if p := decodeMP[messages.PollResponse](t, r); len(p.Commands) != 1 {
+		t.Fatalf("A's poll after an exec queued through B answered %v", commandsOf(p))
+	}
+	cur = *decodeMP[messages.PollResponse](t, r).Cursor
+	poll()
+
+	if r := b.op(http.MethodPut, "/v1/namespaces/default/target-version", operatorapi.SetTargetVersionRequest{Version: "9.9.9"}); r.status != http.StatusOK {
+		t.Fatalf("set target version through B: %d %s", r.status, r.body)
+	}
+	if p := decodeMP[messages.PollResponse](t, poll()); p.TargetNymphVersion == nil || *p.TargetNymphVersion != "9.9.9" {
+		t.Fatalf("A advertises target %v after B set 9.9.9", p.TargetNymphVersion)
+	}
+
+	list := expectJS[operatorapi.TokenList](t, b.op(http.MethodGet, "/v1/tokens", nil), http.StatusOK, "list tokens")
+	var tokID string
+	for _, tk := range list.Tokens {
+		if tk.WorkerID == id {
+			tokID = tk.ID
+		}
+	}
+	if r := b.op(http.MethodDelete, "/v1/tokens/"+tokID, nil); r.status != http.StatusOK {
+		t.Fatalf("revoke through B: %d %s", r.status, r.body)
+	}
+	if r := poll(); r.status != http.StatusUnauthorized {
+		t.Fatalf("A answered a token revoked through B with %d, want 401", r.status)
+	}
+}
+
+// TestCachesAreOffWhileNotListening: a replica that cannot hear the
+// others (its Listen keeps failing) caches nothing: every request reads
+// its token again.
+func TestCachesAreOffWhileNotListening(t *testing.T) {
+	cs := openCounting(t)
+	var bus bus
+	e := newEnv(t, func(c *Config) { c.Store, c.Notifier = cs, bus.member(1<<30) })
+	tok := e.mintToken(operatorapi.TokenRequest{}).Token
+	hr := e.helloWith(tok, "m", "deaf", "inc-1")
+	id, cur := *hr.WorkerID, *hr.Cursor
+	for i := 0; i < 2; i++ {
+		cs.take()
+		if r := e.daemonAs(tok, "/v1/daemon/poll", &messages.PollRequest{WorkerID: id, Cursor: &cur}); r.status != http.StatusOK {
+			t.Fatalf("poll: %d", r.status)
+		}
+		if calls := cs.take(); !strings.Contains(calls, "TokenByHash") || !strings.Contains(calls, "RecordPoll") {
+			t.Fatalf("poll %d of a replica that does not listen called %q: want the token and the worker read", i, calls)
+		}
+	}
+}
+
+// TestPollWaitSpreadsTheFleet: an empty poll ends between 0.8 and 1.0 of
+// its wait, at random, so polls that began together end apart.
+func TestPollWaitSpreadsTheFleet(t *testing.T) {
+	s := &Server{pollCap: maxPollWait}
+	seen := map[time.Duration]bool{}
+	for i := 0; i < 200; i++ {
+		d := s.pollWait(20)
+		if d < 16*time.Second || d > 20*time.Second {
+			t.Fatalf("wait %v outside [16s, 20s]", d)
+		}
+		seen[d] = true
+	}
+	if len(seen) < 100 {
+		t.Fatalf("200 waits took only %d distinct values", len(seen))
+	}
+	if d := s.pollWait(60); d > maxPollWait || d < maxPollWait*8/10 {
+		t.Fatalf("a wait past the cap: %v", d)
+	}
+	if d := s.pollWait(0); d != 0 {
+		t.Fatalf("timeout 0 waits %v", d)
+	}
+}
