@@ -211,6 +211,70 @@ func TestPostgres(t *testing.T) {
 		}
 	})
 
+	// pgx's own statement cache is in effect on both of the store's
+	// paths: reads straight on the pool (through database/sql) and
+	// transactions (on pgx itself). With one connection, what it has
+	// prepared is that session's pg_prepared_statements; running the same
+	// calls again prepares nothing new.
+	t.Run("StatementsArePreparedOnce", func(t *testing.T) {
+		ctx := context.Background()
+		db := open(t, srv.newDatabase(t)+"&pool_max_conns=1")
+		now := time.Now()
+		if err := db.CreateToken(ctx, store.Token{ID: "t", Kind: store.TokenDaemon, Namespace: "default", Hash: "h", CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+		w, _, err := db.Hello(ctx, store.Hello{NewID: "w", Namespace: "default", MachineID: "m", Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		poll := func() {
+			t.Helper()
+			if _, err := db.TokenByHash(ctx, "h"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.RecordPoll(ctx, store.Poll{WorkerID: w.ID, Now: now}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		prepared := func() (all, tokens, workers int) {
+			t.Helper()
+			rs, err := db.Pool().Query(ctx, `SELECT statement FROM pg_prepared_statements`, pgx.QueryExecModeSimpleProtocol)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rs.Close()
+			for rs.Next() {
+				var s string
+				if err := rs.Scan(&s); err != nil {
+					t.Fatal(err)
+				}
+				all++
+				if strings.Contains(s, "FROM tokens WHERE hash = $1") {
+					tokens++
+				}
+				if strings.HasPrefix(strings.TrimSpace(s), "UPDATE workers") {
+					workers++
+				}
+			}
+			if err := rs.Err(); err != nil {
+				t.Fatal(err)
+			}
+			return all, tokens, workers
+		}
+		poll()
+		all, tokens, workers := prepared()
+		if tokens != 1 || workers == 0 {
+			t.Fatalf("after a poll %d statements prepared, %d reading a token by hash, %d updating workers; want 1 and some",
+				all, tokens, workers)
+		}
+		for range 5 {
+			poll()
+		}
+		if again, _, _ := prepared(); again != all {
+			t.Fatalf("5 more polls took %d prepared statements to %d", all, again)
+		}
+	})
+
 	t.Run("NotifierCarriesKeysBetweenReplicas", func(t *testing.T) {
 		dsn := srv.newDatabase(t)
 		a, b := open(t, dsn), open(t, dsn)

@@ -62,6 +62,12 @@ type Dialect struct {
 	// Migrations are the engine's embedded migrations, all applied by the
 	// time it hands the database over; Ready checks they still are.
 	Migrations []Migration
+	// PrepareStatements prepares each query once per connection of the
+	// database/sql pools and runs it prepared from then on (see
+	// stmtCache), for a driver that otherwise parses every statement it
+	// runs (SQLite). pgx keeps a statement cache of its own per
+	// connection, on both its paths, so PostgreSQL leaves this off.
+	PrepareStatements bool
 }
 
 // forUpdateOf locks only the rows of the given table alias (PostgreSQL
@@ -118,6 +124,9 @@ type DB struct {
 	w *sql.DB // writes
 	r *sql.DB // reads; may be w itself
 	d *Dialect
+	// ws and rs are the prepared statements of w and r (the same cache
+	// when r is w); nil unless the dialect prepares statements.
+	ws, rs *stmtCache
 }
 
 var _ store.Store = (*DB)(nil)
@@ -125,15 +134,31 @@ var _ store.Store = (*DB)(nil)
 // New returns the store writing through w and reading through r (which may
 // be w). The store owns both: Close closes them.
 func New(w, r *sql.DB, d Dialect) *DB {
-	return &DB{w: w, r: r, d: &d}
+	db := &DB{w: w, r: r, d: &d}
+	if d.PrepareStatements {
+		db.ws = newStmtCache(w)
+		db.rs = db.ws
+		if r != w {
+			db.rs = newStmtCache(r)
+		}
+	}
+	return db
 }
 
-// Close closes the pools.
+// Close closes the prepared statements, then the pools.
 func (db *DB) Close() error {
-	if db.r == db.w {
-		return db.w.Close()
+	var errs []error
+	if db.ws != nil {
+		errs = append(errs, db.ws.close())
+		if db.rs != db.ws {
+			errs = append(errs, db.rs.close())
+		}
 	}
-	return errors.Join(db.r.Close(), db.w.Close())
+	errs = append(errs, db.w.Close())
+	if db.r != db.w {
+		errs = append(errs, db.r.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // txAttempts bounds the runs of a transaction the dialect calls retryable.
@@ -182,23 +207,50 @@ func (db *DB) tryTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	err = fn(querier{c: sqlConn{tx}, d: db.d, tctx: tctx})
+	var c Tx = sqlConn{tx}
+	var st *txStmts
+	if cache := db.cacheOf(pool); cache != nil {
+		st = &txStmts{tx: tx, cache: cache}
+		c = st
+	}
+	err = fn(querier{c: c, d: db.d, tctx: tctx})
 	if err == nil {
 		err = ctx.Err()
 	}
 	if err != nil {
 		_ = tx.Rollback()
-		return err
+	} else if err = tx.Commit(); err != nil {
+		err = fmt.Errorf("commit: %w", err)
 	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
+	if st != nil {
+		// Now that the transaction has given its connection back (the
+		// writer's only one), what it ran unprepared gets prepared.
+		st.prepareMissed(ctx)
 	}
-	return nil
+	return err
 }
 
-func (db *DB) reader() querier { return querier{c: sqlConn{db.r}, d: db.d} }
+// cacheOf is the statement cache of pool, nil when statements are not
+// prepared.
+func (db *DB) cacheOf(pool *sql.DB) *stmtCache {
+	if pool == db.w {
+		return db.ws
+	}
+	return db.rs
+}
 
-func (db *DB) writer() querier { return querier{c: sqlConn{db.w}, d: db.d} }
+func (db *DB) reader() querier { return querier{c: db.onPool(db.r), d: db.d} }
+
+func (db *DB) writer() querier { return querier{c: db.onPool(db.w), d: db.d} }
+
+// onPool runs statements straight on pool, prepared where the dialect
+// prepares them.
+func (db *DB) onPool(pool *sql.DB) Tx {
+	if cache := db.cacheOf(pool); cache != nil {
+		return stmtPool{cache}
+	}
+	return sqlConn{pool}
+}
 
 // Tx is a transaction on an engine's own driver (see Dialect.RunTx): what
 // the store's queries need of it. Queries arrive rebound for the dialect.
