@@ -248,7 +248,7 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 }
 
 // touchChunk bounds the workers one statement of TouchWorkers updates (two
-// placeholders each, under every engine's limit).
+// placeholders each, under every engine's limit); a power of 4.
 const touchChunk = 256
 
 // TouchWorkers implements store.Workers: one UPDATE ... FROM (VALUES ...)
@@ -257,8 +257,15 @@ func (db *DB) TouchWorkers(ctx context.Context, seen []store.Seen) ([]string, er
 	var missing []string
 	err := db.tx(ctx, func(tx querier) error {
 		missing = missing[:0]
-		for start := 0; start < len(seen); start += touchChunk {
-			chunk := seen[start:min(start+touchChunk, len(seen))]
+		for start := 0; start < len(seen); {
+			// Chunks of a few fixed sizes: each size is one statement
+			// text, prepared once (stmtcache.go).
+			n := touchChunk
+			for n > len(seen)-start {
+				n /= 4
+			}
+			chunk := seen[start : start+n]
+			start += n
 			var q strings.Builder
 			q.WriteString(`UPDATE workers SET last_seen_at = CASE WHEN workers.last_seen_at < CAST(v.column2 AS BIGINT)
 				THEN CAST(v.column2 AS BIGINT) ELSE workers.last_seen_at END FROM (VALUES `)
