@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"math"
+	"runtime/debug"
 	"context"
 	"errors"
 	"fmt"
@@ -100,6 +102,13 @@ connection may idle --idle-timeout. Long-polls are not affected.
 GET /healthz answers while the process runs; GET /readyz answers 200 while
 the store answers with its migrations applied, 503 otherwise and while
 shutting down.
+An idle daemon costs the control plane no disk: a poll that changes nothing
+is answered from memory (its last seen is written every 2 s, with everyone
+else's), and tokens, keys and target versions are cached, dropped at once
+when changed here and, on replicas, as soon as the change's notification
+arrives. Memory grows with the daemons connected (tens of KB each); the Go
+runtime's $GOMEMLIMIT (e.g. GOMEMLIMIT=350MiB) makes the collector work
+harder near that limit instead of growing past it.
 SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 		Example: `  lakeshore serve
   lakeshore serve --addr 0.0.0.0:7700 --data /var/lib/lakeshore --public-url https://cp.example.internal:7700
@@ -223,6 +232,9 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	}
 	cfg.Addr, cfg.PublicURL = ln.Addr().String(), public
 	o.identity.apply(&cfg)
+	if limit := debug.SetMemoryLimit(-1); limit < math.MaxInt64 {
+		logger.Info().Int64("memory_limit_bytes", limit).Msg("memory limit from GOMEMLIMIT: the collector works harder near it")
+	}
 	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
 		cfg.Store.Close()
