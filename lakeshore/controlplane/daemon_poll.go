@@ -50,14 +50,20 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 	now := s.now()
 	// A poll that changes nothing but the worker's last seen is answered
 	// from memory (presence.go); any other records itself.
-	view, gen, quiet := s.presence.quiet(req.WorkerID, req.Queue, cursor, len(req.Invocations) > 0, req.UpdatedCapabilities != nil, now)
+	view, gen, kind := s.presence.look(req.WorkerID, req.Queue, cursor, len(req.Invocations) > 0, req.UpdatedCapabilities != nil, now)
+	quiet := kind == pollQuiet
 	var (
 		wk      store.Worker
 		running int
 		known   bool // running is what the store said
 	)
 	if !quiet {
-		gen = s.presence.generation(req.WorkerID, now)
+		if kind == pollAck {
+			// The memo holds but for what the cursor acknowledges.
+			gen = s.presence.current(req.WorkerID, now)
+		} else {
+			gen = s.presence.generation(req.WorkerID, now)
+		}
 		poll := store.Poll{WorkerID: req.WorkerID, Queue: req.Queue, Cursor: cursor, Now: now,
 			Running: make([]store.InvocationStatus, 0, len(req.Invocations))}
 		for _, inv := range req.Invocations {
@@ -111,10 +117,18 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 		}
 	}
 	var cmds []store.Command
+	var deliveredGen uint64 // the generation the take that found cmds began at
 	first := true
 	for {
 		woken, release := s.wake.subscribe(workerKey(view.id))
+		g := s.presence.current(view.id, now)
 		claim, take := s.presence.due(view.id, after)
+		if first && known {
+			// What RecordPoll just read is newer than any memo: nothing
+			// waits past its last seq unless something was queued since.
+			claim = claim || running > 0
+			take = take && (g != gen || wk.LastSeq > max(after, wk.AckedSeq))
+		}
 		claimed := true
 		if claim {
 			var n int
@@ -124,6 +138,7 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 			take = take || n > 0
 		}
 		if take {
+			deliveredGen = g
 			cmds, err = s.st.Take(r.Context(), view.id, after, pollBatch, legacy, s.now())
 			if err != nil || len(cmds) > 0 {
 				release()
@@ -162,8 +177,7 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 		return
 	}
 	if len(cmds) > 0 {
-		// What the memo says of the worker's sequence is out of date.
-		s.presence.delivered(view.id)
+		s.presence.delivered(view.id, deliveredGen, cmds, legacy)
 	}
 	s.writePollResponse(w, r, view, after, cmds, legacy, log)
 }

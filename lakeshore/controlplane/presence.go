@@ -132,38 +132,54 @@ type pollView struct {
 	deliveredSeq, ackedSeq int64
 }
 
-// quiet reports whether the poll can skip RecordPoll: the worker's memo
-// holds and the poll would change nothing but its last seen. It then
-// notes the poll as seen and returns the memo's view and generation.
-func (p *presence) quiet(id string, queue string, cursor *int64, running, capsChanged bool, now time.Time) (pollView, uint64, bool) {
+// How a poll relates to the worker's memo (presence.look).
+type pollKind int
+
+const (
+	pollFull  pollKind = iota // anything may change: record it, claim, take
+	pollAck                   // only its cursor acknowledges commands: record it
+	pollQuiet                 // nothing changes but its last seen: from memory
+)
+
+// look says how the poll must be served. A quiet poll is noted as seen,
+// and gets the memo's view and generation.
+func (p *presence) look(id string, queue string, cursor *int64, running, capsChanged bool, now time.Time) (pollView, uint64, pollKind) {
 	if running || capsChanged || !p.live.Load() {
-		return pollView{}, 0, false
+		return pollView{}, 0, pollFull
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	e := p.m[id]
 	if e == nil || !e.valid {
-		return pollView{}, 0, false
+		return pollView{}, 0, pollFull
 	}
 	m := &e.m
 	switch {
 	case m.running > 0, m.pollQueue != queue:
-		return pollView{}, 0, false
+		return pollView{}, 0, pollFull
 	case m.state == operatorapi.StateJoining, m.state == operatorapi.StateSettingUp && m.setupPending == 0:
 		// RecordPoll would settle it active.
-		return pollView{}, 0, false
+		return pollView{}, 0, pollFull
 	case m.hibernatingUntil != nil && !m.hibernatingUntil.After(now):
 		// RecordPoll would clear the deadline that passed.
-		return pollView{}, 0, false
+		return pollView{}, 0, pollFull
 	case cursor != nil && min(*cursor, m.deliveredSeq) > m.ackedSeq:
-		// The cursor acknowledges something.
-		return pollView{}, 0, false
+		// The cursor acknowledges something: what every exec's next
+		// poll does.
+		return pollView{}, 0, pollAck
 	}
 	if !e.touched {
 		p.dirty = append(p.dirty, id)
 	}
 	e.seenAt, e.touched, e.lastUsed = now, true, now
-	return pollView{id: id, namespace: m.namespace, deliveredSeq: m.deliveredSeq, ackedSeq: m.ackedSeq}, e.gen, true
+	return pollView{id: id, namespace: m.namespace, deliveredSeq: m.deliveredSeq, ackedSeq: m.ackedSeq}, e.gen, pollQuiet
+}
+
+// current returns the worker's generation, the memo left as it is.
+func (p *presence) current(id string, now time.Time) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.entry(id, now).gen
 }
 
 // generation returns the worker's current generation, to hand to settle.
@@ -254,14 +270,35 @@ func (p *presence) queued(id string) {
 	}
 }
 
-// delivered notes commands handed to the worker: its sequence numbers
-// moved, the memo no longer holds.
-func (p *presence) delivered(id string) {
+// delivered notes commands handed to the worker by a take that began at
+// generation gen: the memo's delivered seq moves to the last of them (so
+// the cursor acknowledging them is recorded), and, unless something was
+// queued since or the batch was full, nothing is due to take any more. A
+// legacy delivery (acknowledged as sent) or a hibernate (whose deadline
+// the worker now shows) changes more than that: the memo goes.
+func (p *presence) delivered(id string, gen uint64, cmds []store.Command, legacy bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if e := p.m[id]; e != nil {
-		e.gen++
-		e.valid = false
+	e := p.m[id]
+	if e == nil {
+		return
+	}
+	moved := e.gen != gen
+	e.gen++
+	if !e.valid {
+		return
+	}
+	for _, c := range cmds {
+		if legacy || c.Kind == store.KindHibernate {
+			e.valid = false
+			return
+		}
+		e.m.deliveredSeq = max(e.m.deliveredSeq, c.Seq)
+		e.m.lastSeq = max(e.m.lastSeq, c.Seq)
+	}
+	if !moved && len(cmds) < pollBatch {
+		e.take = false
+		e.m.clearAbove = max(e.m.clearAbove, e.m.deliveredSeq)
 	}
 }
 
