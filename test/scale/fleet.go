@@ -122,8 +122,8 @@ type phaseStats struct {
 	queued int
 	// dispatch is POST answered → the poll answer carrying the exec (0
 	// when the poll answer came first); roundTrip POST sent → result
-	// answered.
-	dispatch, roundTrip *latencies
+	// answered; post the operator's POST, sent → answered.
+	dispatch, roundTrip, post *latencies
 	// finishedBy counts the execs finished by the end of the window.
 	finishedBy  int
 	undelivered int // queued, never carried by a poll
@@ -135,11 +135,13 @@ type phaseStats struct {
 func (t *tracker) stats(phase int, windowEnd time.Duration) phaseStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	ps := phaseStats{queued: t.queued[phase], dispatch: newLatencies(t.queued[phase]), roundTrip: newLatencies(t.queued[phase])}
+	n := t.queued[phase]
+	ps := phaseStats{queued: n, dispatch: newLatencies(n), roundTrip: newLatencies(n), post: newLatencies(n)}
 	for _, e := range t.m {
 		if e.phase != phase {
 			continue
 		}
+		ps.post.add(e.queued - e.sent)
 		switch {
 		case e.delivered == 0:
 			ps.undelivered++

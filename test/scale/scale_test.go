@@ -34,8 +34,11 @@ const (
 	registerTimeout = 3 * time.Minute
 	// An exec a missed wake-up leaves to its poll's timeout arrives within
 	// 20 s: a drain longer than that counts it late, not lost.
-	drainDispatch   = 30 * time.Second
-	drainThroughput = 60 * time.Second
+	drainDispatch = 30 * time.Second
+	// After the 1,000/s window the backlog gets this long to drain; what
+	// is left then is reported as left, not as lost (an overloaded
+	// control plane may simply be that far behind).
+	drainThroughput = 20 * time.Second
 	// fdMargin is what the test process needs beside the daemons'
 	// connections: the operator's, the binaries', the logs'.
 	fdMargin = operatorConns + 256
@@ -315,10 +318,12 @@ type runResult struct {
 	dispatch      phaseResult
 	throughput    phaseResult
 	mem           procStat
-	errors        int64 // every request error of the run, plus execs never delivered
-	errDetail     string
-	redelivered   int
-	dials         int
+	// errors is every request error of the run, plus the execs of the
+	// 100/s phase never delivered.
+	errors      int64
+	errDetail   string
+	redelivered int
+	dials       int
 }
 
 func runSQLite(t *testing.T, cfg config, n int) *runResult {
@@ -335,9 +340,9 @@ func runSQLite(t *testing.T, cfg config, n int) *runResult {
 	t.Logf("N=%d: throughput phase: %d offered, %d finished in the window", n, r.throughput.w.offered, r.throughput.st.finishedBy)
 	r.mem = b.sample()[0]
 	b.stop()
-	r.errors = b.c.total() + int64(r.dispatch.st.undelivered+r.throughput.st.undelivered)
-	r.errDetail = fmt.Sprintf("%v; never delivered %d + %d; delivered, never finished %d + %d; last error: %s",
-		b.c, r.dispatch.st.undelivered, r.throughput.st.undelivered, r.dispatch.st.unfinished, r.throughput.st.unfinished, lastErr(b.c))
+	r.errors = b.c.total() + int64(r.dispatch.st.undelivered)
+	r.errDetail = fmt.Sprintf("%v; @100/s never delivered %d, never finished %d; @1000/s left after the drain: undelivered %d, unfinished %d; last error: %s",
+		b.c, r.dispatch.st.undelivered, r.dispatch.st.unfinished, r.throughput.st.undelivered, r.throughput.st.unfinished, lastErr(b.c))
 	r.redelivered = b.tr.redelivered
 	r.dials = b.f.dials()
 	return r
