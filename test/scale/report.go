@@ -69,6 +69,11 @@ func figures() []figure {
 		{name: "control plane CPU @100/s", value: func(r *runResult) float64 { return r.dispatch.cpu[0] }, format: coref},
 		{name: "control plane CPU @1000/s", value: func(r *runResult) float64 { return r.throughput.cpu[0] }, format: coref},
 		{name: "load generator CPU @1000/s", value: func(r *runResult) float64 { return r.throughput.cpu[1] }, format: coref},
+		// The machine is shared: what else ran beside the benchmark (other
+		// users, and softirq time no process is charged with).
+		{name: "rest of the machine CPU, registering", value: func(r *runResult) float64 { return r.cpuRegister[2] }, format: coref},
+		{name: "rest of the machine CPU @100/s", value: func(r *runResult) float64 { return r.dispatch.cpu[2] }, format: coref},
+		{name: "rest of the machine CPU @1000/s", value: func(r *runResult) float64 { return r.throughput.cpu[2] }, format: coref},
 		{
 			name: "control plane RSS at the end", value: func(r *runResult) float64 { return float64(r.mem.RSS) / (1 << 20) }, format: mbf,
 			target: "<= 400 MB", met: func(r *runResult) bool { return r.mem.RSS <= 400<<20 },
@@ -164,6 +169,7 @@ func printReplicas(w io.Writer, r *replicaResult) {
 	row("errors, whole run", countf(float64(r.errors)), "", "")
 	row("replica A CPU @100/s", coref(r.cross.cpu[0]), "", "")
 	row("replica B CPU @100/s", coref(r.cross.cpu[1]), "", "")
+	row("rest of the machine CPU @100/s", coref(r.cross.cpu[3]), "", "")
 	row("replica A RSS at the end", mbf(float64(r.mem[0].RSS)/(1<<20)), "", "")
 	row("replica B RSS at the end", mbf(float64(r.mem[1].RSS)/(1<<20)), "", "")
 	row("connections the daemons opened", countf(float64(r.dials)), "", "")

@@ -208,32 +208,49 @@ func tail(s string, n int) string {
 	return s
 }
 
-// sample reads every control plane's /proc figures, then this process's.
-func (b *bench) sample() []procStat {
+// sample is the /proc figures of one instant: every control plane's,
+// then this process's, and the machine's busy time.
+type sample struct {
+	procs []procStat
+	busy  time.Duration
+	at    time.Time
+}
+
+func (b *bench) sample() sample {
 	b.t.Helper()
-	out := make([]procStat, 0, len(b.cps)+1)
+	s := sample{procs: make([]procStat, 0, len(b.cps)+1), at: time.Now()}
 	for _, cp := range b.cps {
 		ps, err := readProc(cp.PID())
 		if err != nil {
 			b.mustLive()
 			b.t.Fatal(err)
 		}
-		out = append(out, ps)
+		s.procs = append(s.procs, ps)
 	}
 	self, err := readProc(os.Getpid())
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	return append(out, self)
+	s.procs = append(s.procs, self)
+	if s.busy, err = machineBusy(); err != nil {
+		b.t.Fatal(err)
+	}
+	return s
 }
 
-// cores is the CPU used between two samples, in cores, for each process.
-func cores(from, to []procStat, wall time.Duration) []float64 {
-	out := make([]float64, len(from))
-	for i := range from {
-		out[i] = (to[i].CPU - from[i].CPU).Seconds() / wall.Seconds()
+// cores is the CPU used between two samples, in cores: for each process
+// (the control planes, then this one), then for everything else on the
+// machine.
+func cores(from, to sample) []float64 {
+	wall := to.at.Sub(from.at).Seconds()
+	out := make([]float64, 0, len(from.procs)+1)
+	var ours time.Duration
+	for i := range from.procs {
+		d := to.procs[i].CPU - from.procs[i].CPU
+		ours += d
+		out = append(out, d.Seconds()/wall)
 	}
-	return out
+	return append(out, max(to.busy-from.busy-ours, 0).Seconds()/wall)
 }
 
 // register boots the fleet and waits until every daemon is registered and
@@ -242,7 +259,7 @@ func cores(from, to []procStat, wall time.Duration) []float64 {
 func (b *bench) register() (time.Duration, int, []float64) {
 	b.t.Helper()
 	n := int64(len(b.f.daemons))
-	before, start := b.sample(), time.Now()
+	before := b.sample()
 	t0 := b.tr.now()
 	b.f.boot()
 	wait.Until(registerTimeout, func() bool { return b.dead() != "" || b.f.registered.Load() == n })
@@ -252,7 +269,7 @@ func (b *bench) register() (time.Duration, int, []float64) {
 		b.t.Fatalf("no daemon of %d registered in %v; errors: %v; last: %s", n, registerTimeout, b.c, lastErr(b.c))
 	}
 	took := time.Duration(b.f.lastHello.Load()) - t0
-	cpu := cores(before, b.sample(), time.Since(start))
+	cpu := cores(before, b.sample())
 	// Every registered daemon has its first poll out before load starts.
 	wait.Until(30*time.Second, func() bool { return b.f.polling.Load() >= b.f.registered.Load() })
 	return took, int(got), cpu
@@ -269,7 +286,7 @@ func lastErr(c *counters) string {
 type phaseResult struct {
 	w      window
 	st     phaseStats
-	cpu    []float64 // per control plane, then this process
+	cpu    []float64 // cores: per control plane, this process, the rest of the machine
 	errors int64     // request errors from the window's start to the drain's end
 }
 
@@ -279,9 +296,9 @@ func (b *bench) run(phase int, rate float64, dur time.Duration, targets []string
 	b.t.Helper()
 	b.mustLive()
 	errs0 := b.c.total()
-	before, start := b.sample(), time.Now()
+	before := b.sample()
 	w := b.op.offer(b.ctx, phase, rate, dur, targets)
-	cpu := cores(before, b.sample(), time.Since(start))
+	cpu := cores(before, b.sample())
 	wait.Until(drain, func() bool { return b.dead() != "" || (b.op.idle() && b.tr.drained(phase)) })
 	b.mustLive()
 	return phaseResult{w: w, st: b.tr.stats(phase, w.end), cpu: cpu, errors: b.c.total() - errs0}
@@ -338,7 +355,7 @@ func runSQLite(t *testing.T, cfg config, n int) *runResult {
 	t.Logf("N=%d: dispatch phase: %d offered, p99 %v", n, r.dispatch.w.offered, r.dispatch.st.dispatch.quantile(0.99))
 	r.throughput = b.run(phaseThroughput, throughputRate, cfg.seconds/2, targets, drainThroughput)
 	t.Logf("N=%d: throughput phase: %d offered, %d finished in the window", n, r.throughput.w.offered, r.throughput.st.finishedBy)
-	r.mem = b.sample()[0]
+	r.mem = b.sample().procs[0]
 	b.stop()
 	r.errors = b.c.total() + int64(r.dispatch.st.undelivered)
 	r.errDetail = fmt.Sprintf("%v; @100/s never delivered %d, never finished %d; @1000/s left after the drain: undelivered %d, unfinished %d; last error: %s",
@@ -375,8 +392,7 @@ func runReplicas(t *testing.T, cfg config, n int) *replicaResult {
 		t.Fatalf("no daemon of replica B registered; errors: %v; last: %s", b.c, lastErr(b.c))
 	}
 	r.cross = b.run(phaseCross, dispatchRate, cfg.seconds, targets, drainDispatch)
-	s := b.sample()
-	r.mem = s[:2]
+	r.mem = b.sample().procs[:2]
 	b.stop()
 	r.errors = b.c.total() + int64(r.cross.st.undelivered)
 	r.errDetail = fmt.Sprintf("%v; never delivered %d; delivered, never finished %d; last error: %s", b.c, r.cross.st.undelivered, r.cross.st.unfinished, lastErr(b.c))

@@ -148,3 +148,35 @@ func parseStatusMem(status string) (rss, hwm int64, err error) {
 	}
 	return rss, hwm, nil
 }
+
+// machineBusy is the CPU time every core of the machine has spent busy
+// (all but idle and iowait), from the first line of /proc/stat: with it a
+// phase says how much of the machine other work took, on a shared host.
+func machineBusy() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, fmt.Errorf("machine cpu: %w", err)
+	}
+	return parseMachineBusy(string(b))
+}
+
+// parseMachineBusy reads "cpu user nice system idle iowait irq softirq
+// steal ..." (guest time is already in user).
+func parseMachineBusy(stat string) (time.Duration, error) {
+	line, _, _ := strings.Cut(stat, "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat %q: want the cpu line with 8 counters", line)
+	}
+	var ticks int64
+	for i, s := range f[1:9] {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat counter %q: %w", s, err)
+		}
+		if i != 3 && i != 4 { // idle, iowait
+			ticks += v
+		}
+	}
+	return time.Duration(ticks) * clockTick, nil
+}

@@ -83,6 +83,16 @@ func TestParseProc(t *testing.T) {
 	if _, _, err := parseStatusMem("VmRSS:\t1 kB\n"); err == nil {
 		t.Fatal("a status without VmHWM was read")
 	}
+	busy, err := parseMachineBusy("cpu  100 5 20 9000 50 1 2 3 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+	if err != nil || busy != 1310*time.Millisecond {
+		t.Fatalf("machine busy: %v, %v; want 1.31s (idle and iowait left out)", busy, err)
+	}
+	if _, err := parseMachineBusy("intr 1 2 3\n"); err == nil {
+		t.Fatal("a /proc/stat without its cpu line was read")
+	}
+	if _, err := machineBusy(); err != nil {
+		t.Fatal(err)
+	}
 	// And the real thing: this process uses some CPU and memory.
 	ps, err := readProc(os.Getpid())
 	if err != nil {
