@@ -113,6 +113,7 @@ func TestScale(t *testing.T) {
 	fmt.Printf("        throughput: %d execs/s for %v (drain at most %v)\n", throughputRate, cfg.seconds/2, drainThroughput)
 	fmt.Printf("        replicas: %d execs/s for %v queued at A for daemons polling B (drain at most %v)\n\n", dispatchRate, cfg.seconds, drainDispatch)
 
+	fmt.Printf("machine before: %s\n", machineLoad())
 	var runs []*runResult
 	for _, n := range cfg.ns {
 		if need := n + fdMargin; need > fds {
@@ -126,6 +127,7 @@ func TestScale(t *testing.T) {
 	if len(cfg.ns) > 0 {
 		printRuns(os.Stdout, runs)
 	}
+	fmt.Printf("machine after the fleets: %s\n", machineLoad())
 
 	if cfg.replicas > 0 {
 		n := cfg.replicas
@@ -136,7 +138,23 @@ func TestScale(t *testing.T) {
 		t.Run(fmt.Sprintf("replicas-%d", n), func(t *testing.T) {
 			printReplicas(os.Stdout, runReplicas(t, cfg, n))
 		})
+		fmt.Printf("machine after the replicas: %s\n", machineLoad())
 	}
+}
+
+// machineLoad is the load average and the CPU pressure (the share of time
+// runnable tasks waited for a CPU), for a reader to judge the figures of
+// a shared machine by.
+func machineLoad() string {
+	load, _ := os.ReadFile("/proc/loadavg")
+	psi, err := os.ReadFile("/proc/pressure/cpu")
+	f := strings.Fields(string(load))
+	out := "load average " + strings.Join(f[:min(3, len(f))], " ")
+	if err == nil {
+		line, _, _ := strings.Cut(string(psi), "\n")
+		out += "; cpu pressure " + line
+	}
+	return out
 }
 
 // bench is one fleet against one or more control planes.
