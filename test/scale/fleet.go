@@ -305,7 +305,13 @@ func (d *simDaemon) run(ctx context.Context) {
 		return
 	}
 	d.f.registered.Add(1)
-	d.f.lastHello.Store(int64(d.f.tr.now()))
+	// The latest wins, whichever goroutine stores last.
+	for at := int64(d.f.tr.now()); ; {
+		old := d.f.lastHello.Load()
+		if old >= at || d.f.lastHello.CompareAndSwap(old, at) {
+			break
+		}
+	}
 	first := true
 	req := messages.PollRequest{TimeoutS: pollTimeoutS, Invocations: []messages.InvocationStatus{}}
 	var resp messages.PollResponse
