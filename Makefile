@@ -19,7 +19,7 @@ PKGS         ?= ./...
 TEST_TIMEOUT ?= 12m
 TEST_FLAGS   ?= -race -count=1 -timeout $(TEST_TIMEOUT)
 
-.PHONY: all build deps test vet fuzz bench chaos run clean
+.PHONY: all build deps test vet fuzz bench bench-scale chaos run clean
 
 all: build
 
@@ -62,6 +62,20 @@ bench:
 	else \
 		echo "bench: test/bench/run.sh does not exist yet" >&2; exit 1; \
 	fi
+
+# The fleet-scale benchmark (test/scale, build tag scale; never run by make
+# test): N simulated daemons in the test process long-poll a fresh
+# `lakeshore serve` on SQLite while an operator queues execs at 100/s and
+# then 1,000/s, for N = 1,000, 10,000 and 15,000, then two replicas on one
+# PostgreSQL. It prints dispatch and round-trip p50/p99, the finished rate,
+# errors, CPU and RSS, as ratios against N = 1,000, beside the targets.
+# About 5 minutes. Knobs, all optional: SCALE_NS (fleet sizes,
+# "1000,10000,15000"; 0 for none), SCALE_SECONDS (the 100/s phase, 20; the 1,000/s one
+# is half), SCALE_REPLICAS (daemons of the two-replica run, 10000; 0 skips
+# it). A quick look: make bench-scale SCALE_NS=1000 SCALE_REPLICAS=0.
+bench-scale:
+	SCALE_NS="$(SCALE_NS)" SCALE_SECONDS="$(SCALE_SECONDS)" SCALE_REPLICAS="$(SCALE_REPLICAS)" \
+		$(GO) test -tags scale -run '^TestScale$$' -count=1 -v -timeout 15m ./test/scale/
 
 # The soak: CHAOS_JOBS jobs of every kind (short, streaming and timing-out
 # execs, runs, setups) on one daemon while its actors are crashed and

@@ -124,6 +124,9 @@ type CPOptions struct {
 	// TLS serves HTTPS with a certificate this CA issues; the CLI trusts
 	// it through LAKESHORE_CA_FILE, and StartDaemon through [server] ca_file.
 	TLS *CA
+	// AdminToken and DaemonToken replace the fresh ones StartControlPlane
+	// makes, so that replicas on one store share the tokens they must.
+	AdminToken, DaemonToken string
 }
 
 // StartControlPlane starts `lakeshore serve` and waits until it answers.
@@ -131,6 +134,12 @@ func StartControlPlane(t testing.TB, opts CPOptions) *ControlPlane {
 	t.Helper()
 	bins := Binaries(t)
 	cp := &ControlPlane{t: t, Bins: bins, AdminToken: "admin-" + randHex(t), DaemonToken: "daemon-" + randHex(t)}
+	if opts.AdminToken != "" {
+		cp.AdminToken = opts.AdminToken
+	}
+	if opts.DaemonToken != "" {
+		cp.DaemonToken = opts.DaemonToken
+	}
 	cp.DataDir = opts.DataDir
 	if cp.DataDir == "" {
 		cp.DataDir = t.TempDir()
@@ -199,6 +208,9 @@ func (cp *ControlPlane) start(extra []string) {
 
 // PID of the running control plane.
 func (cp *ControlPlane) PID() int { return cp.cmd.Process.Pid }
+
+// Done is closed when the control plane has exited (and been reaped).
+func (cp *ControlPlane) Done() <-chan struct{} { return cp.done }
 
 // Log returns what the control plane printed so far.
 func (cp *ControlPlane) Log() string {
