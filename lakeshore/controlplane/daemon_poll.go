@@ -91,7 +91,12 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 			writeDaemonError(w, err)
 			return
 		}
-		running, known = s.reportRunning(r.Context(), wk.ID, poll.Running, log)
+		if kind == pollAck {
+			// The memo knows nothing runs there, and the poll says so.
+			running, known = 0, true
+		} else {
+			running, known = s.reportRunning(r.Context(), wk.ID, poll.Running, log)
+		}
 		view = pollView{id: wk.ID, namespace: wk.Namespace, deliveredSeq: wk.DeliveredSeq, ackedSeq: wk.AckedSeq}
 	}
 

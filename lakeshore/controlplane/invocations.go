@@ -340,6 +340,11 @@ func (s *Server) dispatch(ctx context.Context, workerID string, log zerolog.Logg
 		s.wake.broadcast(invocationKey(inv.ID))
 		log.Info().Str("invocation_id", inv.ID).Str("queue", inv.Queue).Str("command_id", inv.CommandID).Msg("invocation dispatched")
 	}
+	if len(invs) > 0 {
+		// Their run commands are new to the memos of this worker the
+		// other replicas keep.
+		s.wake.publishOnly(workerKey(workerID))
+	}
 	return len(invs), true
 }
 
