@@ -5,7 +5,9 @@
 // Writes go through a pool of exactly one connection, so transactions never
 // contend for SQLite's single write lock and never see SQLITE_BUSY from a
 // lock upgrade; reads use a separate small pool, which WAL lets run beside
-// the writer. synchronous=NORMAL keeps every committed transaction across a
+// the writer. The write transactions that wait while one runs share
+// the next (group commit, each in a savepoint of its own), and every
+// statement is prepared once per connection. synchronous=NORMAL keeps every committed transaction across a
 // crash or SIGKILL of the process; only a power loss can lose the last ones.
 package sqlite
 
@@ -78,7 +80,7 @@ const readers = 4
 // migrations ms it applied, and statements prepared once per connection:
 // parsing them again on every run was most of an empty poll's cost.
 func dialect(ms []sqlstore.Migration) sqlstore.Dialect {
-	return sqlstore.Dialect{IsPrimaryKeyViolation: isPrimaryKeyViolation, Migrations: ms, PrepareStatements: true}
+	return sqlstore.Dialect{IsPrimaryKeyViolation: isPrimaryKeyViolation, Migrations: ms, PrepareStatements: true, GroupCommit: true}
 }
 
 // sqliteConstraintPrimaryKey is SQLITE_CONSTRAINT_PRIMARYKEY.

@@ -68,6 +68,10 @@ type Dialect struct {
 	// runs (SQLite). pgx keeps a statement cache of its own per
 	// connection, on both its paths, so PostgreSQL leaves this off.
 	PrepareStatements bool
+	// GroupCommit runs the write transactions that wait while one runs
+	// together, in one transaction (groupcommit.go): for an engine whose
+	// writes go one at a time through one connection anyway.
+	GroupCommit bool
 }
 
 // forUpdateOf locks only the rows of the given table alias (PostgreSQL
@@ -127,6 +131,8 @@ type DB struct {
 	// ws and rs are the prepared statements of w and r (the same cache
 	// when r is w); nil unless the dialect prepares statements.
 	ws, rs *stmtCache
+	// group shares write transactions; nil unless the dialect asks.
+	group *groupCommit
 }
 
 var _ store.Store = (*DB)(nil)
@@ -135,6 +141,9 @@ var _ store.Store = (*DB)(nil)
 // be w). The store owns both: Close closes them.
 func New(w, r *sql.DB, d Dialect) *DB {
 	db := &DB{w: w, r: r, d: &d}
+	if d.GroupCommit {
+		db.group = &groupCommit{db: db}
+	}
 	if d.PrepareStatements {
 		db.ws = newStmtCache(w)
 		db.rs = db.ws
@@ -168,6 +177,9 @@ const txAttempts = 5
 // failure was transient. fn must be safe to run more than once: it only
 // writes the variables it returns through.
 func (db *DB) tx(ctx context.Context, fn func(querier) error) error {
+	if db.group != nil {
+		return db.group.run(ctx, fn)
+	}
 	var err error
 	for attempt := 0; attempt < txAttempts; attempt++ {
 		err = db.tryTx(ctx, db.w, db.d.WriteTx, fn)
