@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -221,5 +222,35 @@ func closeOnce(ch chan struct{}, _ []byte) {
 	case <-ch:
 	default:
 		close(ch)
+	}
+}
+
+// A command name may hold spaces and parentheses that look like the stat
+// fields after it; Members must still read the real state and group.
+func TestMembersReadsANameThatLooksLikeFields(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep")
+	}
+	bin := filepath.Join(t.TempDir(), "x) Z 1 1 (y")
+	if err := os.Symlink(sleep, bin); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	defer func() {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	}()
+	m, err := procgroup.Members(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != 1 || m[0] != pid {
+		t.Fatalf("members of group %d: %v, want [%d]", pid, m, pid)
 	}
 }
