@@ -254,3 +254,25 @@ func TestMembersReadsANameThatLooksLikeFields(t *testing.T) {
 		t.Fatalf("members of group %d: %v, want [%d]", pid, m, pid)
 	}
 }
+
+// A leader that exits on its own, leaving a member of its group running
+// with its output elsewhere (so the pipes say nothing of it): Run kills
+// the member and returns only once it is gone.
+func TestMemberLeftBehindIsKilledBeforeRunReturns(t *testing.T) {
+	marker := "procgroup-left-" + t.Name()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	res := run(t, context.Background(), procgroup.Command{
+		Argv: []string{"bash", "-c", "(exec -a " + marker + " sleep 30) >/dev/null 2>&1 </dev/null & " +
+			"until grep -qs " + marker + " /proc/$!/cmdline; do :; done; echo $! > " + pidFile + "; exit 0"},
+	})
+	if res.ExitCode != 0 {
+		t.Fatalf("result %+v", res)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil || strings.TrimSpace(string(b)) == "" {
+		t.Fatalf("the member's pid was not written: %v", err)
+	}
+	if live, err := procgroup.WithCmdline(marker); err != nil || len(live) != 0 {
+		t.Fatalf("member still alive after Run returned: %v (%v)", live, err)
+	}
+}
