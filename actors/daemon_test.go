@@ -76,30 +76,59 @@ func TestHelloRetriedOnErrors(t *testing.T) {
 	}
 }
 
-func TestExecResultAndWakeAbandonsPoll(t *testing.T) {
+// Back-to-back execs flow at completion speed, far below one wait_max_s,
+// through the poll the daemon holds: the control plane answers it as soon
+// as the next exec is queued, so an exec's end does not abandon it. Each
+// exec costs exactly one poll (the one that carried it is answered, and one
+// new poll goes out after the batch); abandoning the held poll at every
+// end, as a run's end does, would double that.
+func TestBackToBackExecsKeepTheHeldPoll(t *testing.T) {
 	h := newHarness(t, setup{
 		cpOpts:   []fakecp.Option{fakecp.WithMaxHold(60 * time.Second)},
 		settings: func(s *actors.Settings) { s.Poll.WaitMax = 20 * time.Second; s.Poll.RequestTimeout = 60 * time.Second },
 	})
 	h.waitPolls(1)
+	n := len(h.cp.Polls())
 	start := time.Now()
-	for i := range 5 {
+	const execs = 5
+	for i := range execs {
 		id := "chain-" + string(rune('a'+i))
 		h.exec(id, "echo "+id)
 		r := h.cp.WaitResult(id, 10*time.Second)
 		if r.ExitCode != 0 || r.Stdout != id+"\n" {
 			t.Fatalf("%s: %+v", id, r)
 		}
+		// The poll after the batch goes out before the exec's result.
+		if got, want := len(h.cp.Polls()), n+i+1; got != want {
+			t.Fatalf("after %s: %d polls, want %d (one per exec)", id, got, want)
+		}
 	}
-	// Each exec ends with a wake that abandons the held poll; the chain
-	// flows at completion speed, far below one wait_max_s (20 s).
 	if took := time.Since(start); took > 8*time.Second {
-		t.Fatalf("5 back-to-back execs took %v", took)
+		t.Fatalf("%d back-to-back execs took %v", execs, took)
 	}
-	n := len(h.cp.Polls())
-	h.exec("last", "true")
-	h.cp.WaitResult("last", 5*time.Second)
-	h.cp.Wait(5*time.Second, "a poll after the exec finished", func() bool { return len(h.cp.Polls()) >= n+2 })
+}
+
+// With no free permit there is no poll in flight; an exec's end then
+// polls at once.
+func TestExecEndPollsWhenNoPollIsInFlight(t *testing.T) {
+	h := newHarness(t, setup{
+		cpOpts: []fakecp.Option{fakecp.WithMaxHold(60 * time.Second)},
+		settings: func(s *actors.Settings) {
+			s.Poll.MaxInvocations = 1
+			s.Poll.WaitMax = 20 * time.Second
+			s.Poll.RequestTimeout = 60 * time.Second
+		},
+	})
+	h.waitPolls(1)
+	h.exec("only", "true")
+	h.cp.WaitResult("only", 10*time.Second)
+	// Nothing else sends a poll within the 60 s the fake would hold one:
+	// the permit was held, so none was in flight, and the exec's end
+	// must start the next.
+	h.waitPolls(2)
+	h.exec("next", "true")
+	h.cp.WaitResult("next", 10*time.Second)
+	h.waitPolls(3)
 }
 
 func TestExecSentinelsThroughTheDaemon(t *testing.T) {

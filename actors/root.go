@@ -79,9 +79,12 @@ func (r *root) Receive(ctx actor.Context) {
 		// Jobs report here, not to their parent, whose incarnation may
 		// have changed since they started; the current one retires the
 		// finished child.
+		var wake any = &messages.Wake{}
 		switch m.(type) {
 		case *messages.ExecFinished:
 			r.send(ctx, ExecsName, m)
+			// The control plane needs no fresh poll to learn of it.
+			wake = &poller.PermitFreed{}
 		case *messages.RunFinished:
 			r.send(ctx, InvocationsName, m)
 		case *messages.SetupFinished:
@@ -90,7 +93,7 @@ func (r *root) Receive(ctx actor.Context) {
 			// busy: this is its cue to go on.
 			r.send(ctx, SetupName, &messages.Queued{})
 		}
-		r.send(ctx, PollerName, &messages.Wake{})
+		r.send(ctx, PollerName, wake)
 		r.checkDone(ctx)
 	case *poller.TargetVersion:
 		// Auto-update belongs to whichever child takes ota_update.

@@ -99,7 +99,12 @@ func (s *Shell) Run(ctx context.Context, e *messages.Exec) *messages.ExecResult 
 	// command, not an option.
 	cmd := procgroup.Command{
 		Argv: []string{"bash", "-c", "--", e.Command}, Env: env, Dir: dir,
-		Input: strings.NewReader(e.Stdin), KillGrace: s.KillGrace,
+		KillGrace: s.KillGrace,
+	}
+	// Without stdin the child reads /dev/null (the same end of file at
+	// once) rather than a pipe that a goroutine of its own would close.
+	if e.Stdin != "" {
+		cmd.Input = strings.NewReader(e.Stdin)
 	}
 	// A timeout too large for a Duration (about 292 years) is no timeout.
 	if e.TimeoutS != nil && *e.TimeoutS > 0 && *e.TimeoutS < float64(math.MaxInt64/int64(time.Second)) {

@@ -316,3 +316,11 @@ func marked(t *testing.T, kv string) []int {
 	}
 	return pids
 }
+
+// An exec without stdin reads end of file at once, as with an empty pipe.
+func TestNoStdinReadsEndOfFile(t *testing.T) {
+	r := run(newShell(t, nil), messages.Exec{Command: "wc -c; read -r line || echo eof"})
+	if r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != "0\neof" {
+		t.Fatalf("result %+v (error %s)", r, errString(r))
+	}
+}

@@ -1,9 +1,10 @@
 // Package poller owns the daemon's conversation with the control plane:
 // hello, then the long-poll loop, the spec's jittered backoff on errors, the
 // max_invocations permits (no free permit, no poll), the wake signal (a
-// finished job abandons the in-flight poll and polls at once; with a legacy
-// server, which deletes commands as it delivers them, an in-flight poll is
-// never abandoned), the cursor
+// finished run or setup abandons the in-flight poll and polls at once, so
+// that the control plane hears of it; with a legacy server, which deletes
+// commands as it delivers them, an in-flight poll is never abandoned; a
+// finished exec keeps the poll in flight, see PermitFreed), the cursor
 // (echo the last one received; never run a command id twice), hibernate,
 // reset_backoff and the idle policy.
 //
@@ -102,6 +103,15 @@ func Props(deps *Deps) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor { return &poller{d: &d} }, d.PropsOptions...)
 }
 
+// PermitFreed tells the poller that an exec ended. Unlike a Wake it keeps
+// a poll that is in flight: the control plane learns of an exec's end from
+// its result, not from a poll, and answers a held poll as soon as anything
+// is queued for the worker, so the held poll still serves. Abandoning it
+// cost every exec a new connection and a fresh poll for the control plane
+// to record. Without a poll in flight (max_invocations were all taken) it
+// polls at once.
+type PermitFreed struct{}
+
 // TargetVersion is sent to the parent for every poll response that carries
 // a target_nymph_version: the fleet's wanted daemon version, for
 // auto-update to compare with its own. The poller itself does nothing with it.
@@ -166,6 +176,8 @@ func (p *poller) Receive(ctx actor.Context) {
 			p.wakeQueued = true
 			ctx.Send(ctx.Self(), &repoll{})
 		}
+	case *PermitFreed:
+		p.maybePoll(ctx)
 	case *repoll:
 		p.wakeQueued = false
 		// Only a server that speaks the cursor keeps the commands of an

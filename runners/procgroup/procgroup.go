@@ -6,9 +6,10 @@
 // grandchildren never outlive the run. A context made by WithKill can also
 // ask for a hard kill: SIGKILL at once, even in the middle of the grace.
 //
-// The leader is not reaped until the group has been killed: while it is an
-// unreaped zombie its pid cannot be reused, so signalling the group by that
-// pid can never hit an unrelated process.
+// The leader is not reaped until the group has been sent its last signal:
+// while it is an unreaped zombie its pid cannot be reused, so signalling
+// the group by that pid can never hit an unrelated process. After the
+// reap the group is only probed (a null signal) and waited for.
 package procgroup
 
 import (
@@ -234,9 +235,19 @@ func Run(ctx context.Context, c Command) (Result, error) {
 		terminate(pgid, grace, hardKill(ctx))
 	}
 	// Orphans left behind by a leader that exited on its own die here too.
+	// This is the last signal the group gets: the leader is reaped next.
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	<-exited
-	waitGone(pgid, grace, nil)
+	waitErr := cmd.Wait()
+	// A pgid stays allocated while any process has it as its group, so
+	// once the leader is reaped a null signal that finds no such group
+	// proves it empty: the common end (nothing left behind) needs no scan
+	// of /proc. Anything else, members dying of the SIGKILL above, is
+	// waited for as before. Neither the null signal nor the scan sends
+	// anything, so a pid reused meanwhile could at worst be waited on.
+	if err := syscall.Kill(-pgid, 0); !errors.Is(err, syscall.ESRCH) {
+		waitGone(pgid, grace, nil)
+	}
 
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
@@ -255,7 +266,6 @@ func Run(ctx context.Context, c Command) (Result, error) {
 	outR.Close()
 	errR.Close()
 
-	waitErr := cmd.Wait()
 	res.State = cmd.ProcessState
 	if res.State != nil {
 		res.ExitCode = res.State.ExitCode()

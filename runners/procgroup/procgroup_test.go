@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -221,5 +222,57 @@ func closeOnce(ch chan struct{}, _ []byte) {
 	case <-ch:
 	default:
 		close(ch)
+	}
+}
+
+// A command name may hold spaces and parentheses that look like the stat
+// fields after it; Members must still read the real state and group.
+func TestMembersReadsANameThatLooksLikeFields(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep")
+	}
+	bin := filepath.Join(t.TempDir(), "x) Z 1 1 (y")
+	if err := os.Symlink(sleep, bin); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	defer func() {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	}()
+	m, err := procgroup.Members(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != 1 || m[0] != pid {
+		t.Fatalf("members of group %d: %v, want [%d]", pid, m, pid)
+	}
+}
+
+// A leader that exits on its own, leaving a member of its group running
+// with its output elsewhere (so the pipes say nothing of it): Run kills
+// the member and returns only once it is gone.
+func TestMemberLeftBehindIsKilledBeforeRunReturns(t *testing.T) {
+	marker := "procgroup-left-" + t.Name()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	res := run(t, context.Background(), procgroup.Command{
+		Argv: []string{"bash", "-c", "(exec -a " + marker + " sleep 30) >/dev/null 2>&1 </dev/null & " +
+			"until grep -qs " + marker + " /proc/$!/cmdline; do :; done; echo $! > " + pidFile + "; exit 0"},
+	})
+	if res.ExitCode != 0 {
+		t.Fatalf("result %+v", res)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil || strings.TrimSpace(string(b)) == "" {
+		t.Fatalf("the member's pid was not written: %v", err)
+	}
+	if live, err := procgroup.WithCmdline(marker); err != nil || len(live) != 0 {
+		t.Fatalf("member still alive after Run returned: %v (%v)", live, err)
 	}
 }

@@ -1,0 +1,97 @@
+//go:build bench
+
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"nymph/lakeshore/opclient"
+	"nymph/lakeshore/operatorapi"
+	"nymph/test/harness"
+	"nymph/test/realparts"
+)
+
+// TestExecBench prints only the baselines and the single exec path's rows
+// (go test -tags bench -run TestExecBench -v ./test/bench/), a quicker
+// loop than the whole of `make bench` while working on that path.
+func TestExecBench(t *testing.T) {
+	rep := &report{}
+	defer rep.print(os.Stdout)
+
+	base := baselines(t, rep)
+	cp := harness.StartControlPlane(t, harness.CPOptions{})
+	cp.StartDaemon(t, harness.DaemonOptions{Label: "bench"})
+	execRows(t, rep, cp, "bench", base)
+}
+
+// base holds the baselines every ratio is taken against.
+type base struct {
+	bash, sshCold, sshWarm time.Duration
+}
+
+// baselines measures a bare bash spawn and ssh over a real sshd on
+// loopback, cold and over a warm ControlMaster.
+func baselines(t *testing.T, rep *report) base {
+	t.Helper()
+	var b base
+	b.bash = timeN(t, 200, bashTrue)
+	rep.add("baseline: bash -c true spawn (median)", ms(b.bash), "", 0, "", nil)
+
+	sshd := realparts.StartSSHD(t)
+	ctx := context.Background()
+	b.sshCold = timeN(t, 10, func() error { return sshd.Command(ctx, "true").Run() })
+	rep.add("baseline: ssh alias true, cold (median)", ms(b.sshCold), "", 0, "", nil)
+	sshd.ControlMaster(t)
+	b.sshWarm = timeN(t, 50, func() error { return sshd.MuxCommand(ctx, "true").Run() })
+	rep.add("baseline: ssh alias true, ControlMaster (median)", ms(b.sshWarm), "", 0, "", nil)
+	return b
+}
+
+// execRows measures the single exec path on the daemon labelled label: the
+// CLI's `daemon exec <d> true` round trip against ssh, and 1,000
+// back-to-back execs through opclient (queue and wait in one request, as
+// the CLI does) against the raw spawn rate of `bash -c true`. It returns
+// the round trip and the rate, the baselines of later rows.
+func execRows(t *testing.T, rep *report, cp *harness.ControlPlane, label string, b base) (time.Duration, float64) {
+	t.Helper()
+	ctx := context.Background()
+	execRT := timeN(t, 30, func() error {
+		r := cp.CLI(t, "daemon", "exec", label, "true")
+		if r.Code != 0 {
+			return fmt.Errorf("exit %d: %s", r.Code, r.Stderr)
+		}
+		return nil
+	})
+	rep.add("lakeshore daemon exec <d> true round trip", ms(execRT), "ssh cold "+ms(b.sshCold), float64(execRT)/float64(b.sshCold), "<= 0.1 x ssh cold", boolp(float64(execRT) <= 0.1*float64(b.sshCold)))
+	rep.add("lakeshore daemon exec <d> true round trip", ms(execRT), "ssh warm "+ms(b.sshWarm), float64(execRT)/float64(b.sshWarm), "<= 1 x ssh warm", boolp(execRT <= b.sshWarm))
+	rep.add("lakeshore daemon exec <d> true round trip", ms(execRT), "bash spawn "+ms(b.bash), float64(execRT)/float64(b.bash), "", nil)
+
+	client, err := opclient.New(cp.URL, cp.AdminToken, opclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := cp.WaitForWorker(t, label)
+	const n = 1000
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		acc, first, err := client.SubmitExec(ctx, w.ID, operatorapi.ExecRequest{Command: "true"}, 20*time.Second)
+		if err != nil {
+			t.Fatalf("exec %d: %v", i, err)
+		}
+		for first == nil || first.State != operatorapi.ExecFinished {
+			e, err := client.GetExec(ctx, acc.ExecID, 20*time.Second, 0)
+			if err != nil {
+				t.Fatalf("get exec %d: %v", i, err)
+			}
+			first = &e
+		}
+	}
+	perSec := float64(n) / time.Since(start).Seconds()
+	rawRate := 1 / b.bash.Seconds()
+	rep.add(fmt.Sprintf("%d back-to-back execs on one daemon", n), fmt.Sprintf("%.0f /s", perSec), fmt.Sprintf("raw spawn %.0f /s", rawRate), perSec/rawRate, ">= 0.5 x raw spawn", boolp(perSec >= 0.5*rawRate))
+	return execRT, perSec
+}
