@@ -39,32 +39,68 @@ var invocationChecks = []check{
 	{path: "stdout_tail", kind: kString},
 }
 
+// A poll is served in three steps, the middle one parked for up to 20 s
+// on each of 10,000 connections: its frame is kept small (what the poll
+// carries lives in a pollState on the heap), so a parked goroutine's stack
+// fits in the runtime's smaller sizes. beginPoll and endPoll, which
+// decode, read and write, run in frames of their own that are gone by
+// the time the poll parks.
 func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
+	ps := s.beginPoll(w, r)
+	if ps == nil {
+		return
+	}
+	if !s.waitPoll(r.Context(), ps) {
+		return // the daemon went away
+	}
+	s.endPoll(w, r, ps)
+}
+
+// pollState is one poll between its steps.
+type pollState struct {
+	log     zerolog.Logger
+	view    pollView
+	gen     uint64
+	quiet   bool
+	wk      *store.Worker // what RecordPoll read; nil for a quiet poll
+	running int
+	known   bool // running is what the store said
+	after   int64
+	legacy  bool
+	watch   bool // a hibernating daemon's watch poll
+	timeout time.Duration
+	now     time.Time
+
+	cmds []store.Command
+	err  error
+	// deliveredGen is the generation the take that found cmds began at.
+	deliveredGen uint64
+}
+
+// beginPoll decodes the poll and records what it says, unless it says
+// nothing new (answered from memory, presence.go). nil: answered already.
+//
+//go:noinline
+func (s *Server) beginPoll(w http.ResponseWriter, r *http.Request) *pollState {
 	req, cursor, err := s.decodePoll(w, r)
 	if err != nil {
 		s.log.Info().Err(err).Msg("poll refused as malformed")
 		writeDaemonError(w, err)
-		return
+		return nil
 	}
-	log := s.log.With().Str("worker_id", req.WorkerID).Logger()
-	now := s.now()
-	// A poll that changes nothing but the worker's last seen is answered
-	// from memory (presence.go); any other records itself.
-	view, gen, kind := s.presence.look(req.WorkerID, req.Queue, cursor, len(req.Invocations) > 0, req.UpdatedCapabilities != nil, now)
-	quiet := kind == pollQuiet
-	var (
-		wk      store.Worker
-		running int
-		known   bool // running is what the store said
-	)
-	if !quiet {
+	ps := &pollState{log: s.log.With().Str("worker_id", req.WorkerID).Logger(), now: s.now(),
+		legacy: cursor == nil, watch: req.Hibernating, timeout: s.pollWait(req.TimeoutS)}
+	log := ps.log
+	view, gen, kind := s.presence.look(req.WorkerID, req.Queue, cursor, len(req.Invocations) > 0, req.UpdatedCapabilities != nil, ps.now)
+	ps.view, ps.gen, ps.quiet = view, gen, kind == pollQuiet
+	if !ps.quiet {
 		if kind == pollAck {
 			// The memo holds but for what the cursor acknowledges.
-			gen = s.presence.current(req.WorkerID, now)
+			ps.gen = s.presence.current(req.WorkerID, ps.now)
 		} else {
-			gen = s.presence.generation(req.WorkerID, now)
+			ps.gen = s.presence.generation(req.WorkerID, ps.now)
 		}
-		poll := store.Poll{WorkerID: req.WorkerID, Queue: req.Queue, Cursor: cursor, Now: now,
+		poll := store.Poll{WorkerID: req.WorkerID, Queue: req.Queue, Cursor: cursor, Now: ps.now,
 			Running: make([]store.InvocationStatus, 0, len(req.Invocations))}
 		for _, inv := range req.Invocations {
 			poll.Running = append(poll.Running, store.InvocationStatus{
@@ -76,115 +112,131 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 			poll.UpdatedCapabilities = &store.Capabilities{Runners: c.Runners, MaxInvocations: c.MaxInvocations, Workdir: c.Workdir}
 			log.Info().Strs("runners", c.Runners).Msg("capabilities updated")
 		}
-		wk, err = s.st.RecordPoll(r.Context(), poll)
+		wk, err := s.st.RecordPoll(r.Context(), poll)
 		if isNotFound(err) {
 			s.presence.drop(req.WorkerID)
 			writeDaemonError(w, errUnknownWorker)
-			return
+			return nil
 		}
 		if err != nil && r.Context().Err() != nil {
 			log.Debug().Err(err).Msg("poll abandoned by the daemon")
-			return
+			return nil
 		}
 		if err != nil {
 			log.Error().Err(err).Msg("poll: store")
 			writeDaemonError(w, err)
-			return
+			return nil
 		}
+		ps.wk = &wk
 		if kind == pollAck {
 			// The memo knows nothing runs there, and the poll says so.
-			running, known = 0, true
+			ps.running, ps.known = 0, true
 		} else {
-			running, known = s.reportRunning(r.Context(), wk.ID, poll.Running, log)
+			ps.running, ps.known = s.reportRunning(r.Context(), wk.ID, poll.Running, log)
 		}
-		view = pollView{id: wk.ID, namespace: wk.Namespace, deliveredSeq: wk.DeliveredSeq, ackedSeq: wk.AckedSeq}
+		ps.view = pollView{id: wk.ID, namespace: wk.Namespace, deliveredSeq: wk.DeliveredSeq, ackedSeq: wk.AckedSeq}
 	}
-
 	// after is where delivery resumes. With a cursor it is the cursor, but
 	// never past what was delivered; without one, everything unacknowledged
 	// is due and is acknowledged by being sent.
-	legacy := cursor == nil
-	after := int64(0)
-	if !legacy {
-		after = min(*cursor, view.deliveredSeq)
+	if !ps.legacy {
+		ps.after = min(*cursor, ps.view.deliveredSeq)
 	}
-	timer := time.NewTimer(s.pollWait(req.TimeoutS))
+	return ps
+}
+
+// waitPoll looks for what the worker is due (claims, commands) and parks
+// until something is, or the poll's time is up; false when the daemon
+// went away.
+func (s *Server) waitPoll(ctx context.Context, ps *pollState) bool {
+	timer := time.NewTimer(ps.timeout)
 	defer timer.Stop()
-	if req.Hibernating {
+	if ps.watch {
 		// A watch poll: the daemon sleeps through its hibernation, and
 		// is answered with commands only once a wake is queued.
-		switch s.watchForWake(r.Context(), view.id, after, timer.C, log) {
+		switch s.watchForWake(ctx, ps.view.id, ps.after, timer.C, ps.log) {
 		case parkGone:
-			return
+			return false
 		case parkOver:
-			s.writePollResponse(w, r, view, after, nil, false, log)
-			return
+			return true
 		}
 	}
-	var cmds []store.Command
-	var deliveredGen uint64 // the generation the take that found cmds began at
-	first := true
-	for {
-		woken, release := s.wake.subscribe(workerKey(view.id))
-		g := s.presence.current(view.id, now)
-		claim, take := s.presence.due(view.id, after)
-		if first && known {
-			// What RecordPoll just read is newer than any memo: nothing
-			// waits past its last seq unless something was queued since.
-			claim = claim || running > 0
-			take = take && (g != gen || wk.LastSeq > max(after, wk.AckedSeq))
+	for first := true; ; first = false {
+		woken, release := s.wake.subscribe(workerKey(ps.view.id))
+		if s.lookDue(ctx, ps, first) {
+			release()
+			return true
 		}
-		claimed := true
-		if claim {
-			var n int
-			n, claimed = s.dispatch(r.Context(), view.id, log)
-			running += n
-			// Each claim queued a run command the memo knows nothing of.
-			take = take || n > 0
-		}
-		if take {
-			deliveredGen = g
-			cmds, err = s.st.Take(r.Context(), view.id, after, pollBatch, legacy, s.now())
-			if err != nil || len(cmds) > 0 {
-				release()
-				break
-			}
-		}
-		switch {
-		case !first || !claimed:
-		case !quiet && known:
-			s.presence.settle(wk, gen, after, running, now)
-		case quiet && (claim || take):
-			s.presence.nothingDue(view.id, gen, after)
-		}
-		first = false
-		switch s.park(r.Context(), workerKey(view.id), woken, release, timer.C) {
-		case parkWoken:
-			continue
+		switch s.park(ctx, workerKey(ps.view.id), woken, release, timer.C) {
 		case parkGone:
-			return
+			return false
+		case parkOver:
+			return true
 		}
-		break
 	}
-	if err != nil {
+}
+
+// lookDue claims and takes what the worker is due; true when the poll is
+// to answer now (commands, or an error).
+//
+//go:noinline
+func (s *Server) lookDue(ctx context.Context, ps *pollState, first bool) bool {
+	g := s.presence.current(ps.view.id, ps.now)
+	claim, take := s.presence.due(ps.view.id, ps.after)
+	if first && ps.known {
+		// What RecordPoll just read is newer than any memo: nothing
+		// waits past its last seq unless something was queued since.
+		claim = claim || ps.running > 0
+		take = take && (g != ps.gen || ps.wk.LastSeq > max(ps.after, ps.wk.AckedSeq))
+	}
+	claimed := true
+	if claim {
+		var n int
+		n, claimed = s.dispatch(ctx, ps.view.id, ps.log)
+		ps.running += n
+		// Each claim queued a run command the memo knows nothing of.
+		take = take || n > 0
+	}
+	if take {
+		ps.deliveredGen = g
+		ps.cmds, ps.err = s.st.Take(ctx, ps.view.id, ps.after, pollBatch, ps.legacy, s.now())
+		if ps.err != nil || len(ps.cmds) > 0 {
+			return true
+		}
+	}
+	switch {
+	case !first || !claimed:
+	case !ps.quiet && ps.known:
+		s.presence.settle(*ps.wk, ps.gen, ps.after, ps.running, ps.now)
+	case ps.quiet && (claim || take):
+		s.presence.nothingDue(ps.view.id, ps.gen, ps.after)
+	}
+	return false
+}
+
+// endPoll answers the poll with what it found.
+//
+//go:noinline
+func (s *Server) endPoll(w http.ResponseWriter, r *http.Request, ps *pollState) {
+	if err := ps.err; err != nil {
 		if isNotFound(err) {
-			s.presence.drop(view.id)
+			s.presence.drop(ps.view.id)
 			writeDaemonError(w, errUnknownWorker)
 			return
 		}
 		if r.Context().Err() != nil {
 			// The daemon abandoned this poll (a wake signal): routine.
-			log.Debug().Err(err).Msg("poll abandoned by the daemon")
+			ps.log.Debug().Err(err).Msg("poll abandoned by the daemon")
 			return
 		}
-		log.Error().Err(err).Msg("poll: take commands")
+		ps.log.Error().Err(err).Msg("poll: take commands")
 		writeDaemonError(w, err)
 		return
 	}
-	if len(cmds) > 0 {
-		s.presence.delivered(view.id, deliveredGen, cmds, legacy)
+	if len(ps.cmds) > 0 {
+		s.presence.delivered(ps.view.id, ps.deliveredGen, ps.cmds, ps.legacy)
 	}
-	s.writePollResponse(w, r, view, after, cmds, legacy, log)
+	s.writePollResponse(w, r, ps.view, ps.after, ps.cmds, ps.legacy, ps.log)
 }
 
 // pollWait is how long a poll that finds nothing waits: what the daemon
