@@ -58,23 +58,37 @@ func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrin
 
 // pollState is one poll between its steps.
 type pollState struct {
-	log     zerolog.Logger
-	view    pollView
-	gen     uint64
-	quiet   bool
-	wk      *store.Worker // what RecordPoll read; nil for a quiet poll
-	running int
-	known   bool // running is what the store said
-	after   int64
-	legacy  bool
-	watch   bool // a hibernating daemon's watch poll
-	timeout time.Duration
-	now     time.Time
+	// base is the server's logger; logger adds the worker to it when a
+	// line is logged (most polls log none, and a logger kept per parked
+	// poll is a few hundred bytes each).
+	base     *zerolog.Logger
+	log      *zerolog.Logger
+	workerID string
+	view     pollView
+	gen      uint64
+	quiet    bool
+	wk       *store.Worker // what RecordPoll read; nil for a quiet poll
+	running  int
+	known    bool // running is what the store said
+	after    int64
+	legacy   bool
+	watch    bool // a hibernating daemon's watch poll
+	timeout  time.Duration
+	now      time.Time
 
 	cmds []store.Command
 	err  error
 	// deliveredGen is the generation the take that found cmds began at.
 	deliveredGen uint64
+}
+
+// logger is the poll's logger, with its worker.
+func (ps *pollState) logger() *zerolog.Logger {
+	if ps.log == nil {
+		l := ps.base.With().Str("worker_id", ps.workerID).Logger()
+		ps.log = &l
+	}
+	return ps.log
 }
 
 // beginPoll decodes the poll and records what it says, unless it says
@@ -88,9 +102,9 @@ func (s *Server) beginPoll(w http.ResponseWriter, r *http.Request) *pollState {
 		writeDaemonError(w, err)
 		return nil
 	}
-	ps := &pollState{log: s.log.With().Str("worker_id", req.WorkerID).Logger(), now: s.now(),
+	ps := &pollState{base: &s.log, now: s.now(),
 		legacy: cursor == nil, watch: req.Hibernating, timeout: s.pollWait(req.TimeoutS)}
-	log := ps.log
+	ps.workerID = req.WorkerID
 	view, gen, kind := s.presence.look(req.WorkerID, req.Queue, cursor, len(req.Invocations) > 0, req.UpdatedCapabilities != nil, ps.now)
 	ps.view, ps.gen, ps.quiet = view, gen, kind == pollQuiet
 	if !ps.quiet {
@@ -110,7 +124,7 @@ func (s *Server) beginPoll(w http.ResponseWriter, r *http.Request) *pollState {
 		}
 		if c := req.UpdatedCapabilities; c != nil {
 			poll.UpdatedCapabilities = &store.Capabilities{Runners: c.Runners, MaxInvocations: c.MaxInvocations, Workdir: c.Workdir}
-			log.Info().Strs("runners", c.Runners).Msg("capabilities updated")
+			ps.logger().Info().Strs("runners", c.Runners).Msg("capabilities updated")
 		}
 		wk, err := s.st.RecordPoll(r.Context(), poll)
 		if isNotFound(err) {
@@ -119,11 +133,11 @@ func (s *Server) beginPoll(w http.ResponseWriter, r *http.Request) *pollState {
 			return nil
 		}
 		if err != nil && r.Context().Err() != nil {
-			log.Debug().Err(err).Msg("poll abandoned by the daemon")
+			ps.logger().Debug().Err(err).Msg("poll abandoned by the daemon")
 			return nil
 		}
 		if err != nil {
-			log.Error().Err(err).Msg("poll: store")
+			ps.logger().Error().Err(err).Msg("poll: store")
 			writeDaemonError(w, err)
 			return nil
 		}
@@ -132,7 +146,7 @@ func (s *Server) beginPoll(w http.ResponseWriter, r *http.Request) *pollState {
 			// The memo knows nothing runs there, and the poll says so.
 			ps.running, ps.known = 0, true
 		} else {
-			ps.running, ps.known = s.reportRunning(r.Context(), wk.ID, poll.Running, log)
+			ps.running, ps.known = s.reportRunning(r.Context(), wk.ID, poll.Running, *ps.logger())
 		}
 		ps.view = pollView{id: wk.ID, namespace: wk.Namespace, deliveredSeq: wk.DeliveredSeq, ackedSeq: wk.AckedSeq}
 	}
@@ -154,7 +168,7 @@ func (s *Server) waitPoll(ctx context.Context, ps *pollState) bool {
 	if ps.watch {
 		// A watch poll: the daemon sleeps through its hibernation, and
 		// is answered with commands only once a wake is queued.
-		switch s.watchForWake(ctx, ps.view.id, ps.after, timer.C, ps.log) {
+		switch s.watchForWake(ctx, ps.view.id, ps.after, timer.C, *ps.logger()) {
 		case parkGone:
 			return false
 		case parkOver:
@@ -192,7 +206,7 @@ func (s *Server) lookDue(ctx context.Context, ps *pollState, first bool) bool {
 	claimed := true
 	if claim {
 		var n int
-		n, claimed = s.dispatch(ctx, ps.view.id, ps.log)
+		n, claimed = s.dispatch(ctx, ps.view.id, *ps.logger())
 		ps.running += n
 		// Each claim queued a run command the memo knows nothing of.
 		take = take || n > 0
@@ -226,17 +240,17 @@ func (s *Server) endPoll(w http.ResponseWriter, r *http.Request, ps *pollState) 
 		}
 		if r.Context().Err() != nil {
 			// The daemon abandoned this poll (a wake signal): routine.
-			ps.log.Debug().Err(err).Msg("poll abandoned by the daemon")
+			ps.logger().Debug().Err(err).Msg("poll abandoned by the daemon")
 			return
 		}
-		ps.log.Error().Err(err).Msg("poll: take commands")
+		ps.logger().Error().Err(err).Msg("poll: take commands")
 		writeDaemonError(w, err)
 		return
 	}
 	if len(ps.cmds) > 0 {
 		s.presence.delivered(ps.view.id, ps.deliveredGen, ps.cmds, ps.legacy)
 	}
-	s.writePollResponse(w, r, ps.view, ps.after, ps.cmds, ps.legacy, ps.log)
+	s.writePollResponse(w, r, ps.view, ps.after, ps.cmds, ps.legacy, *ps.logger())
 }
 
 // pollWait is how long a poll that finds nothing waits: what the daemon
