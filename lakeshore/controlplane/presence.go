@@ -86,6 +86,15 @@ type presence struct {
 	m    map[string]*presenceEntry
 	// dirty lists the entries whose seenAt is not written yet.
 	dirty []string
+	// gens hands out generations, one sequence for every entry, so an
+	// entry dropped and made again never repeats a generation a poll
+	// may hold.
+	gens uint64
+}
+
+func (p *presence) bump() uint64 {
+	p.gens++
+	return p.gens
 }
 
 func newPresence(live *atomic.Bool) *presence {
@@ -98,7 +107,7 @@ func (p *presence) entry(id string, now time.Time) *presenceEntry {
 		if len(p.m) >= maxMemos {
 			p.evictOldestLocked()
 		}
-		e = &presenceEntry{}
+		e = &presenceEntry{gen: p.bump(), claim: true}
 		p.m[id] = e
 	}
 	e.lastUsed = now
@@ -242,7 +251,7 @@ func (p *presence) invalidate(id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e := p.m[id]; e != nil {
-		e.gen++
+		e.gen = p.bump()
 		e.valid = false
 		e.claim = true
 	}
@@ -253,7 +262,7 @@ func (p *presence) claimable(id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e := p.m[id]; e != nil {
-		e.gen++
+		e.gen = p.bump()
 		e.claim = true
 	}
 }
@@ -265,7 +274,7 @@ func (p *presence) queued(id string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e := p.m[id]; e != nil {
-		e.gen++
+		e.gen = p.bump()
 		e.take = true
 	}
 }
@@ -284,7 +293,7 @@ func (p *presence) delivered(id string, gen uint64, cmds []store.Command, legacy
 		return
 	}
 	moved := e.gen != gen
-	e.gen++
+	e.gen = p.bump()
 	if !e.valid {
 		return
 	}
@@ -308,7 +317,7 @@ func (p *presence) invalidateAll() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, e := range p.m {
-		e.gen++
+		e.gen = p.bump()
 		e.valid = false
 		e.claim = true
 	}

@@ -164,7 +164,9 @@ type Workers interface {
 	// TouchWorkers records that each worker was seen at its time (polls
 	// that changed nothing else, noted in memory and written in batches):
 	// a worker's last seen becomes the later of the stored time and the
-	// given one. One transaction; it returns the ids no worker row has.
+	// given one. It commits in chunks, each on its own (a failure may
+	// leave the earlier ones written), and returns the ids no worker row
+	// has.
 	TouchWorkers(ctx context.Context, seen []Seen) (missing []string, err error)
 	// DeleteWorker removes one worker and its command queue; its execs stay
 	// readable.

@@ -247,62 +247,66 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 	return out, nil
 }
 
-// touchChunk bounds the workers one statement of TouchWorkers updates (two
-// placeholders each, under every engine's limit); a power of 4.
-const touchChunk = 256
+// touchChunk bounds the workers one statement of TouchWorkers updates;
+// a power of 4.
+const touchChunk = 64
 
 // TouchWorkers implements store.Workers: one UPDATE ... FROM (VALUES ...)
-// per chunk, whose RETURNING names the rows that exist.
+// per chunk, whose RETURNING names the rows that exist. Each chunk is a
+// transaction of its own, in worker id order: a flush of thousands of
+// rows never holds the row locks (PostgreSQL) or the one writer (SQLite)
+// that a poll or an exec of one of those workers waits for longer than
+// one short statement, and two replicas flushing at once lock in the
+// same order.
 func (db *DB) TouchWorkers(ctx context.Context, seen []store.Seen) ([]string, error) {
+	seen = slices.Clone(seen)
+	slices.SortFunc(seen, func(a, b store.Seen) int { return strings.Compare(a.WorkerID, b.WorkerID) })
 	var missing []string
-	err := db.tx(ctx, func(tx querier) error {
-		missing = missing[:0]
-		for start := 0; start < len(seen); {
-			// Chunks of a few fixed sizes: each size is one statement
-			// text, prepared once (stmtcache.go).
-			n := touchChunk
-			for n > len(seen)-start {
-				n /= 4
+	for start := 0; start < len(seen); {
+		// Chunks of a few fixed sizes: each size is one statement text,
+		// prepared once (stmtcache.go).
+		n := touchChunk
+		for n > len(seen)-start {
+			n /= 4
+		}
+		chunk := seen[start : start+n]
+		start += n
+		var q strings.Builder
+		q.WriteString(`UPDATE workers SET last_seen_at = CASE WHEN workers.last_seen_at < CAST(v.column2 AS BIGINT)
+			THEN CAST(v.column2 AS BIGINT) ELSE workers.last_seen_at END FROM (VALUES `)
+		args := make([]any, 0, 2*len(chunk))
+		for i, s := range chunk {
+			if i > 0 {
+				q.WriteString(", ")
 			}
-			chunk := seen[start : start+n]
-			start += n
-			var q strings.Builder
-			q.WriteString(`UPDATE workers SET last_seen_at = CASE WHEN workers.last_seen_at < CAST(v.column2 AS BIGINT)
-				THEN CAST(v.column2 AS BIGINT) ELSE workers.last_seen_at END FROM (VALUES `)
-			args := make([]any, 0, 2*len(chunk))
-			for i, s := range chunk {
-				if i > 0 {
-					q.WriteString(", ")
-				}
-				q.WriteString("(?, CAST(? AS BIGINT))")
-				args = append(args, s.WorkerID, ms(s.At))
-			}
-			q.WriteString(`) AS v WHERE workers.id = v.column1 RETURNING workers.id`)
+			q.WriteString("(?, CAST(? AS BIGINT))")
+			args = append(args, s.WorkerID, ms(s.At))
+		}
+		q.WriteString(`) AS v WHERE workers.id = v.column1 RETURNING workers.id`)
+		var found []string
+		err := db.tx(ctx, func(tx querier) error {
 			rs, err := tx.Query(ctx, q.String(), args...)
 			if err != nil {
-				return fmt.Errorf("touch workers: %w", err)
+				return err
 			}
-			found, err := collectStrings(rs)
-			if err != nil {
-				return fmt.Errorf("touch workers: %w", err)
-			}
-			if len(found) == len(chunk) {
-				continue
-			}
-			have := make(map[string]bool, len(found))
-			for _, id := range found {
-				have[id] = true
-			}
-			for _, s := range chunk {
-				if !have[s.WorkerID] {
-					missing = append(missing, s.WorkerID)
-				}
+			found, err = collectStrings(rs)
+			return err
+		})
+		if err != nil {
+			return missing, fmt.Errorf("touch workers: %w", err)
+		}
+		if len(found) == len(chunk) {
+			continue
+		}
+		have := make(map[string]bool, len(found))
+		for _, id := range found {
+			have[id] = true
+		}
+		for _, s := range chunk {
+			if !have[s.WorkerID] {
+				missing = append(missing, s.WorkerID)
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
 	return missing, nil
 }
