@@ -24,6 +24,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,12 +51,21 @@ type DB struct {
 
 var _ store.Store = (*DB)(nil)
 
+// defaultMaxConns is the pool size of a DSN that names none.
+const defaultMaxConns = 16
+
 // Open connects to the database named by dsn (a postgres:// URL or a
 // key=value string; pool_max_conns and friends are honoured) and migrates it.
 func Open(ctx context.Context, dsn string) (*DB, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: parse DSN: %w", err)
+	}
+	if !strings.Contains(dsn, "pool_max_conns") {
+		// pgx's default is the number of CPUs, at least 4: a replica
+		// serving thousands of daemons waits on the round trip of each
+		// statement, not on its CPUs, and queues behind four.
+		cfg.MaxConns = defaultMaxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
