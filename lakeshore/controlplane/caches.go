@@ -246,16 +246,20 @@ func (s *Server) announce(key string) {
 }
 
 // changed says a worker's row changed, here and on the other replicas:
-// its memo and cached keys go, its parked poll looks again.
+// its memo and cached keys go. Its parked poll here is not woken: it
+// finds the change at its next look, and a poll of a daemon process that
+// just said hello again may be the old process's, whose answer nobody
+// reads.
 func (s *Server) changed(workerID string) {
-	s.apply(workerKey(workerID))
-	s.wake.broadcast(workerKey(workerID))
+	s.announce(workerKey(workerID))
 }
 
-// forget says a worker's row is gone.
+// forget says a worker's row is gone: its parked poll answers at once
+// (404: the daemon says hello again).
 func (s *Server) forget(workerID string) {
-	s.changed(workerID)
+	s.apply(workerKey(workerID))
 	s.presence.drop(workerID)
+	s.wake.broadcast(workerKey(workerID))
 }
 
 func tokenAnnouncement(id string) string      { return "t:" + id }

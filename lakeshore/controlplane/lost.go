@@ -136,26 +136,8 @@ func (s *Server) failLostExec(ctx context.Context, l store.LostExec) {
 	}
 }
 
-// startSweeper runs sweepLost on a ticker until the server closes. Each
-// sweep holds an in-flight slot, so Close never closes the store under it.
+// startSweeper runs sweepLost on a ticker until the server closes.
 func (s *Server) startSweeper() {
 	interval := min(max(s.lostAfter/4, 50*time.Millisecond), 5*time.Second)
-	go func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.closing:
-				return
-			case <-t.C:
-			}
-			if !s.inflight.enter() {
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
-			s.sweepLost(ctx)
-			cancel()
-			s.inflight.leave()
-		}
-	}()
+	s.every(interval, max(interval, time.Second), s.sweepLost)
 }

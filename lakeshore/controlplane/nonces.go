@@ -132,28 +132,13 @@ func (l *nonceLedger) commit(batch []*nonceWait) {
 // startNoncePurge drops the expired nonces from the store every interval,
 // off the request path. Every replica does it; it is idempotent.
 func (s *Server) startNoncePurge(interval time.Duration) {
-	go func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.closing:
-				return
-			case <-t.C:
-			}
-			if !s.inflight.enter() {
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), max(interval, 10*time.Second))
-			n, err := s.st.PurgeNonces(ctx, s.now())
-			cancel()
-			s.inflight.leave()
-			switch {
-			case err != nil:
-				s.log.Warn().Err(err).Msg("purge expired nonces")
-			case n > 0:
-				s.log.Debug().Int64("nonces", n).Msg("expired nonces purged")
-			}
+	s.every(interval, max(interval, 10*time.Second), func(ctx context.Context) {
+		n, err := s.st.PurgeNonces(ctx, s.now())
+		switch {
+		case err != nil:
+			s.log.Warn().Err(err).Msg("purge expired nonces")
+		case n > 0:
+			s.log.Debug().Int64("nonces", n).Msg("expired nonces purged")
 		}
-	}()
+	})
 }

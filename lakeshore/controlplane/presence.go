@@ -376,25 +376,8 @@ func (s *Server) flushPresence(ctx context.Context, log zerolog.Logger) {
 
 // startPresenceFlush writes the presence kept in memory every
 // presenceFlush until the server closes (Close writes the last of it).
-// Each flush holds an in-flight slot, so Close never closes the store
-// under it.
 func (s *Server) startPresenceFlush() {
-	go func() {
-		t := time.NewTicker(presenceFlush)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.closing:
-				return
-			case <-t.C:
-			}
-			if !s.inflight.enter() {
-				return
-			}
-			s.flushPresence(context.Background(), s.log)
-			s.inflight.leave()
-		}
-	}()
+	s.every(presenceFlush, presenceTouchTimeout, func(ctx context.Context) { s.flushPresence(ctx, s.log) })
 }
 
 // seenAt returns when the worker last polled this process, if that is

@@ -333,6 +333,30 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return fmt.Errorf("controlplane: serve: %w", err)
 }
 
+// every runs fn every interval, off the request path, until the server
+// closes; each run gets timeout and holds an in-flight slot, so Close
+// never closes the store under it.
+func (s *Server) every(interval, timeout time.Duration, fn func(ctx context.Context)) {
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.closing:
+				return
+			case <-t.C:
+			}
+			if !s.inflight.enter() {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			fn(ctx)
+			cancel()
+			s.inflight.leave()
+		}
+	}()
+}
+
 // Close ends every long-poll, waits for in-flight requests and closes the
 // store.
 func (s *Server) Close() error {
