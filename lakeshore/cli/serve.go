@@ -1,16 +1,16 @@
 package cli
 
 import (
-	"math"
-	"runtime/debug"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
