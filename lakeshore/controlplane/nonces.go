@@ -3,10 +3,10 @@ package controlplane
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"nymph/batch"
 
 	"nymph/lakeshore/store"
 )
@@ -47,12 +47,8 @@ const (
 // each. One goroutine commits while there is a queue and ends when it is
 // empty.
 type nonceLedger struct {
-	st       store.Nonces
-	maxBatch int
-
-	mu      sync.Mutex
-	queue   []*nonceWait
-	running bool
+	st store.Nonces
+	q  *batch.Queue[*nonceWait]
 
 	// commits counts transactions and recorded the nonces they held.
 	commits, recorded atomic.Int64
@@ -67,7 +63,9 @@ type nonceWait struct {
 }
 
 func newNonceLedger(st store.Nonces, maxBatch int) *nonceLedger {
-	return &nonceLedger{st: st, maxBatch: max(maxBatch, 1)}
+	l := &nonceLedger{st: st}
+	l.q = batch.New(maxBatch, l.commit)
+	return l
 }
 
 // UseNonce implements identity.NonceLedger: it returns once the nonce is
@@ -75,14 +73,7 @@ func newNonceLedger(st store.Nonces, maxBatch int) *nonceLedger {
 // the request is refused either way).
 func (l *nonceLedger) UseNonce(ctx context.Context, keyID, nonce string, expires time.Time) (bool, error) {
 	w := &nonceWait{use: store.NonceUse{KeyID: keyID, Nonce: nonce, Expires: expires}, done: make(chan struct{})}
-	l.mu.Lock()
-	l.queue = append(l.queue, w)
-	start := !l.running
-	l.running = true
-	l.mu.Unlock()
-	if start {
-		go l.commitQueued()
-	}
+	l.q.Add(w)
 	select {
 	case <-w.done:
 		return w.fresh, w.err
@@ -91,35 +82,17 @@ func (l *nonceLedger) UseNonce(ctx context.Context, keyID, nonce string, expires
 	}
 }
 
-// commitQueued commits the queue batch after batch until it is empty.
-func (l *nonceLedger) commitQueued() {
-	for {
-		l.mu.Lock()
-		n := min(len(l.queue), l.maxBatch)
-		if n == 0 {
-			l.running = false
-			l.queue = nil
-			l.mu.Unlock()
-			return
-		}
-		batch := slices.Clone(l.queue[:n])
-		l.queue = l.queue[n:]
-		l.mu.Unlock()
-		l.commit(batch)
-	}
-}
-
-func (l *nonceLedger) commit(batch []*nonceWait) {
-	uses := make([]store.NonceUse, len(batch))
-	for i, w := range batch {
+func (l *nonceLedger) commit(waits []*nonceWait) {
+	uses := make([]store.NonceUse, len(waits))
+	for i, w := range waits {
 		uses[i] = w.use
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), nonceCommitTimeout)
 	fresh, err := l.st.UseNonces(ctx, uses)
 	cancel()
 	l.commits.Add(1)
-	l.recorded.Add(int64(len(batch)))
-	for i, w := range batch {
+	l.recorded.Add(int64(len(waits)))
+	for i, w := range waits {
 		if err != nil {
 			w.err = err
 		} else {

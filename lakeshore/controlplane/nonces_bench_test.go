@@ -95,9 +95,7 @@ func benchVerify(b *testing.B, e *env) {
 
 // setBatch sets how many nonces one of l's transactions may record.
 func setBatch(l *nonceLedger, n int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.maxBatch = n
+	l.q.SetMax(n)
 }
 
 // report runs each round unbatched, then batched, and reports the means

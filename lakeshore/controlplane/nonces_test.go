@@ -225,9 +225,7 @@ func TestNoncesArriveDuringACommitShareTheNext(t *testing.T) {
 	}
 	go use("n7")
 	wait.For(t, 10*time.Second, "49 nonces queued", func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return len(l.queue) == 49
+		return l.q.Len() == 49
 	})
 	close(g.release)
 	fresh := 0

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
 	"sync/atomic"
+
+	"nymph/batch"
 )
 
 // Group commit, for an engine with one writer (Dialect.GroupCommit): the
@@ -28,13 +28,10 @@ const groupMax = 64
 
 type groupCommit struct {
 	db *DB
+	q  *batch.Queue[*groupWrite]
 
-	mu      sync.Mutex
-	queue   []*groupWrite
-	running bool
-
-	// commits counts the transactions run, callers the work they held.
-	commits, callers atomic.Int64
+	// commits counts the transactions run (tests see the sharing by it).
+	commits atomic.Int64
 }
 
 type groupWrite struct {
@@ -44,6 +41,12 @@ type groupWrite struct {
 	done chan struct{}
 }
 
+func newGroupCommit(db *DB) *groupCommit {
+	g := &groupCommit{db: db}
+	g.q = batch.New(groupMax, g.commit)
+	return g
+}
+
 // run queues fn and returns its outcome once the transaction holding it
 // committed or rolled back.
 func (g *groupCommit) run(ctx context.Context, fn func(querier) error) error {
@@ -51,34 +54,9 @@ func (g *groupCommit) run(ctx context.Context, fn func(querier) error) error {
 		return err
 	}
 	w := &groupWrite{ctx: ctx, fn: fn, done: make(chan struct{})}
-	g.mu.Lock()
-	g.queue = append(g.queue, w)
-	start := !g.running
-	g.running = true
-	g.mu.Unlock()
-	if start {
-		go g.drain()
-	}
+	g.q.Add(w)
 	<-w.done
 	return w.err
-}
-
-// drain commits the queue, batch after batch, until it is empty.
-func (g *groupCommit) drain() {
-	for {
-		g.mu.Lock()
-		n := min(len(g.queue), groupMax)
-		if n == 0 {
-			g.running = false
-			g.queue = nil
-			g.mu.Unlock()
-			return
-		}
-		batch := slices.Clone(g.queue[:n])
-		g.queue = g.queue[n:]
-		g.mu.Unlock()
-		g.commit(batch)
-	}
 }
 
 func (g *groupCommit) commit(batch []*groupWrite) {
@@ -98,36 +76,32 @@ func (g *groupCommit) commit(batch []*groupWrite) {
 		// Alone: its own transaction, as without group commit.
 		w := live[0]
 		g.commits.Add(1)
-		g.callers.Add(1)
 		w.err = g.db.tryTx(w.ctx, g.db.w, g.db.d.WriteTx, w.fn)
 		close(w.done)
 		return
 	}
 	g.commits.Add(1)
-	g.callers.Add(int64(len(live)))
-	applied, err := g.shared(live)
+	err := g.shared(live)
 	for _, w := range live {
-		if w.err == nil && err != nil && slices.Contains(applied, w) {
+		// Whose work the transaction kept (no error of its own) hears
+		// why it did not commit, if it did not.
+		if w.err == nil {
 			w.err = err
 		}
 		close(w.done)
 	}
 }
 
-// shared runs live in one transaction and returns those whose work it
-// kept; err is why that transaction did not commit (then none was kept,
-// and every caller not told otherwise gets err).
-func (g *groupCommit) shared(live []*groupWrite) (applied []*groupWrite, err error) {
+// shared runs live in one transaction, each caller whose work failed told
+// so in its err, and returns why the transaction did not commit (nil: it
+// did).
+func (g *groupCommit) shared(live []*groupWrite) error {
 	db := g.db
 	// The transaction is on no caller's context: one caller going away
 	// must not interrupt (and roll back) the others' work.
 	tx, err := db.w.BeginTx(context.Background(), db.d.WriteTx)
 	if err != nil {
-		err = fmt.Errorf("begin: %w", err)
-		for _, w := range live {
-			w.err = err
-		}
-		return nil, err
+		return fmt.Errorf("begin: %w", err)
 	}
 	var c Tx = sqlConn{tx}
 	var st *txStmts
@@ -135,14 +109,9 @@ func (g *groupCommit) shared(live []*groupWrite) (applied []*groupWrite, err err
 		st = &txStmts{tx: tx, cache: cache}
 		c = st
 	}
-	broken := func(cause error) ([]*groupWrite, error) {
+	broken := func(cause error) error {
 		_ = tx.Rollback()
-		for _, w := range live {
-			if w.err == nil {
-				w.err = cause
-			}
-		}
-		return nil, cause
+		return cause
 	}
 	for _, w := range live {
 		if _, err := c.Exec(context.Background(), `SAVEPOINT groupwrite`); err != nil {
@@ -161,15 +130,12 @@ func (g *groupCommit) shared(live []*groupWrite) (applied []*groupWrite, err err
 		if _, rerr := c.Exec(context.Background(), `RELEASE groupwrite`); rerr != nil {
 			return broken(fmt.Errorf("release savepoint: %w", rerr))
 		}
-		if err == nil {
-			applied = append(applied, w)
-		}
 	}
 	if err := tx.Commit(); err != nil {
-		return applied, fmt.Errorf("commit: %w", err)
+		return fmt.Errorf("commit: %w", err)
 	}
 	if st != nil {
 		st.prepareMissed(context.Background())
 	}
-	return applied, nil
+	return nil
 }

@@ -21,7 +21,7 @@ func TestGroupCommitSharesTransactionsAndIsolatesFailures(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openCounting(t, 2)
 	db.d.GroupCommit = true
-	db.group = &groupCommit{db: db}
+	db.group = newGroupCommit(db)
 	g := db.group
 
 	// Hold the writer, so that what follows queues up behind it.
@@ -66,11 +66,7 @@ func TestGroupCommitSharesTransactionsAndIsolatesFailures(t *testing.T) {
 			})
 		}()
 	}
-	wait.For(t, 30*time.Second, "every writer queued", func() bool {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		return len(g.queue) == n
-	})
+	wait.For(t, 30*time.Second, "every writer queued", func() bool { return g.q.Len() == n })
 	cancelGone()
 	before := g.commits.Load()
 	close(hold)

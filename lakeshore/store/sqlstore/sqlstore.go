@@ -142,7 +142,7 @@ var _ store.Store = (*DB)(nil)
 func New(w, r *sql.DB, d Dialect) *DB {
 	db := &DB{w: w, r: r, d: &d}
 	if d.GroupCommit {
-		db.group = &groupCommit{db: db}
+		db.group = newGroupCommit(db)
 	}
 	if d.PrepareStatements {
 		db.ws = newStmtCache(w)

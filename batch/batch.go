@@ -1,0 +1,74 @@
+// Package batch owns the queue of group commit, shared by the control
+// plane's nonce ledger and the SQLite store's write transactions: what
+// arrives while a batch is being committed waits, and the next batch takes
+// all of it (up to a bound), so many concurrent callers cost a few
+// commits, not one each. One goroutine commits while there is a queue and
+// ends when it is empty; nothing runs while nothing is queued.
+package batch
+
+import (
+	"slices"
+	"sync"
+)
+
+// Queue hands what is added to commit, in order, in batches of at most
+// max. It is safe for concurrent use; commit runs on one goroutine at a
+// time. Telling each caller its outcome is commit's business (a channel
+// in T, typically).
+type Queue[T any] struct {
+	commit func(batch []T)
+
+	mu      sync.Mutex
+	max     int
+	queue   []T
+	running bool
+}
+
+// New returns a queue committing batches of at most limit (at least 1).
+func New[T any](limit int, commit func(batch []T)) *Queue[T] {
+	return &Queue[T]{commit: commit, max: max(limit, 1)}
+}
+
+// Add queues x for a coming batch.
+func (q *Queue[T]) Add(x T) {
+	q.mu.Lock()
+	q.queue = append(q.queue, x)
+	start := !q.running
+	q.running = true
+	q.mu.Unlock()
+	if start {
+		go q.drain()
+	}
+}
+
+// Len is how many are queued and not yet taken into a batch.
+func (q *Queue[T]) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queue)
+}
+
+// SetMax changes the bound of the batches taken from now on.
+func (q *Queue[T]) SetMax(n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.max = max(n, 1)
+}
+
+// drain commits the queue, batch after batch, until it is empty.
+func (q *Queue[T]) drain() {
+	for {
+		q.mu.Lock()
+		n := min(len(q.queue), q.max)
+		if n == 0 {
+			q.running = false
+			q.queue = nil
+			q.mu.Unlock()
+			return
+		}
+		b := slices.Clone(q.queue[:n])
+		q.queue = q.queue[n:]
+		q.mu.Unlock()
+		q.commit(b)
+	}
+}
