@@ -140,7 +140,7 @@ func (s *Server) tokenByHash(ctx context.Context, hash string) (store.Token, err
 	if t, ok := s.caches.token(hash); ok {
 		return t, nil
 	}
-	epoch := s.caches.now()
+	epoch := s.caches.mark()
 	t, err := s.st.TokenByHash(ctx, hash)
 	if err != nil {
 		return t, err
@@ -155,7 +155,7 @@ func (s *Server) workerHasKey(ctx context.Context, workerID string) (bool, error
 	if has, ok := s.caches.workerHasKey(workerID); ok {
 		return has, nil
 	}
-	epoch := s.caches.now()
+	epoch := s.caches.mark()
 	_, err := s.ident.keys.CurrentKey(ctx, workerID)
 	switch {
 	case err == nil:

@@ -57,8 +57,8 @@ func newCaches(live bool) *caches {
 	return c
 }
 
-// now returns the epoch to hand to a put of a row about to be read.
-func (c *caches) now() uint64 {
+// mark returns the epoch to hand to a put of a row about to be read.
+func (c *caches) mark() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.epoch

@@ -57,7 +57,7 @@ type keyCaptureCtx struct{}
 func (l keyLookup) LookupKey(ctx context.Context, keyID string) (ed25519.PublicKey, bool, error) {
 	k, ok := l.cache.key(keyID)
 	if !ok {
-		epoch := l.cache.now()
+		epoch := l.cache.mark()
 		var err error
 		k, err = l.keys.Key(ctx, keyID)
 		if errors.Is(err, store.ErrNotFound) {

@@ -24,7 +24,7 @@ func (s *Server) targetVersionFor(ctx context.Context, namespace string, log zer
 	if v, ok := s.caches.targetVersion(namespace); ok {
 		return v
 	}
-	epoch := s.caches.now()
+	epoch := s.caches.mark()
 	v, err := s.st.TargetVersion(ctx, namespace)
 	if err != nil {
 		log.Warn().Err(err).Msg("poll: read target version")
