@@ -101,6 +101,7 @@ type Store interface {
 	Invocations
 	Nonces
 	Events
+	Providers
 	// Ready reports whether the store answers and its schema has every
 	// migration this binary embeds (an error naming what is wrong if not),
 	// for a readiness probe: cheap, and it writes nothing.
@@ -318,6 +319,11 @@ type Worker struct {
 	SingleJob  bool
 	JobSeq     int64
 	JobsQueued int
+	// Provider and InstanceID name what launched the worker (a registered
+	// provider, and its id for the instance); both "" for a daemon started
+	// any other way, InstanceID "" until the launcher has answered.
+	Provider   string
+	InstanceID string
 }
 
 // HasJob reports a single-job worker that has its job, handed over or
@@ -352,6 +358,10 @@ type Hello struct {
 	// bound to another token that is neither revoked nor expired (a
 	// worker whose token is, is taken over: that token is unbound).
 	TokenID string
+	// Adopt is the token (daemon or enrollment) the hello came with, when
+	// the hello may adopt the pending row a launch made for that token's
+	// worker (see LaunchWorker); "" adopts nothing.
+	Adopt string
 	// Fleet says the hello came with a fleet credential (a fleet token or
 	// the shared bootstrap token): it is refused with ErrWorkerOwned by a
 	// worker bound to a live token, and binds nothing. With neither TokenID

@@ -19,7 +19,8 @@ const workerColumns = `w.id, w.namespace, w.machine_id, w.hello_label, w.label, 
 	w.last_seq, w.delivered_seq, w.acked_seq, w.queues_added, w.queues_removed, w.incarnation,
 	(SELECT COUNT(*) FROM commands c WHERE c.worker_id = w.id AND c.kind = 'setup' AND c.acked_at IS NULL),
 	w.single_job, w.job_seq, CASE WHEN w.single_job THEN (SELECT COUNT(*) FROM commands c WHERE c.worker_id = w.id
-		AND c.kind IN ('exec', 'run') AND c.delivered_at IS NULL AND c.acked_at IS NULL) ELSE 0 END`
+		AND c.kind IN ('exec', 'run') AND c.delivered_at IS NULL AND c.acked_at IS NULL) ELSE 0 END,
+	w.provider, w.instance_id`
 
 func scanWorker(row rowScanner) (store.Worker, error) {
 	var (
@@ -32,7 +33,7 @@ func scanWorker(row rowScanner) (store.Worker, error) {
 	err := row.Scan(&w.ID, &w.Namespace, &w.MachineID, &w.HelloLabel, &w.Label, &w.State, &tags, &queues,
 		&caps, &versions, &w.PollQueue, &runng, &created, &seen, &hib,
 		&w.LastSeq, &w.DeliveredSeq, &w.AckedSeq, &queuesAdded, &queuesRemoved, &w.Incarnation, &w.SetupPending,
-		&w.SingleJob, &w.JobSeq, &w.JobsQueued)
+		&w.SingleJob, &w.JobSeq, &w.JobsQueued, &w.Provider, &w.InstanceID)
 	if err != nil {
 		return store.Worker{}, err
 	}
@@ -153,6 +154,9 @@ func (db *DB) Hello(ctx context.Context, h store.Hello) (store.Worker, bool, err
 		label = h.NewID
 	}
 	err := db.tx(ctx, func(tx querier) error {
+		if err := adoptLaunched(ctx, tx, h); err != nil {
+			return err
+		}
 		// Two replicas may see the same daemon's hello at once: the insert
 		// that loses the unique race finds the winner's row and refreshes it.
 		n, err := tx.affected(ctx, `INSERT INTO workers (id, namespace, machine_id, hello_label, label, state, tags, queues,

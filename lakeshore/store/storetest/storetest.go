@@ -81,6 +81,8 @@ func Run(t *testing.T, b Backend) {
 		{"RefusedKeyHelloWritesNothing", testRefusedKeyHelloWritesNothing},
 		{"ExecReportsOnlyWhileRunning", testExecReportsOnlyWhileRunning},
 		{"ConcurrentHellosBindATokenOnce", testConcurrentHellosBindATokenOnce},
+		{"ProvidersCRUD", testProvidersCRUD},
+		{"LaunchedWorkerIsAdoptedByItsHello", testLaunchedWorkerIsAdoptedByItsHello},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
