@@ -38,8 +38,11 @@ const podmanErrCap = 4 << 10
 // bootstrapMount is where a container finds its bootstrap script.
 const bootstrapMount = "/run/lakeshore/bootstrap.sh"
 
-// podmanWorkerLabel labels each container with its worker id.
-const podmanWorkerLabel = "lakeshore.worker"
+// The labels of each container: its worker id and the daemon's name.
+const (
+	podmanWorkerLabel = "lakeshore.worker"
+	podmanNameLabel   = "lakeshore.name"
+)
 
 // containerName is what podman accepts as a container name; a worker id
 // (24 hex) always is one. Checking it keeps the id from being read as a
@@ -70,7 +73,7 @@ func (s PodmanSpec) Validate() error {
 
 // Podman launches each daemon as a detached container on this host: the
 // provider's image on the host network, named lakeshore-<worker id> and
-// labelled lakeshore.worker=<worker id>, run as root (--user 0:0), its
+// labelled lakeshore.worker=<worker id> (and lakeshore.name=<daemon name>), run as root (--user 0:0), its
 // entrypoint `bash /run/lakeshore/bootstrap.sh`. The bootstrap carries the
 // daemon's token, so it never goes on a command line or into the
 // container's environment (both of which `ps` and `podman inspect` show):
@@ -177,6 +180,9 @@ func (p *Podman) Launch(ctx context.Context, req LaunchRequest) (Instance, error
 		"--network", "host",
 		"--user", "0:0",
 		"--volume", pending + ":" + bootstrapMount + ":ro",
+	}
+	if req.Name != "" {
+		args = append(args, "--label", podmanNameLabel+"="+req.Name)
 	}
 	args = append(args, p.spec.RunArgs...)
 	args = append(args, p.spec.Image, "bash", bootstrapMount)

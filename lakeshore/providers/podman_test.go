@@ -93,7 +93,7 @@ func TestPodmanLaunchConsoleTerminate(t *testing.T) {
 	if !strings.Contains(console, "booted as uid 0 with 36 token bytes") {
 		t.Fatalf("console log lacks the bootstrap's stdout: %q", console)
 	}
-	if got := realparts.Podman(t, "inspect", "--format", "{{.State.Running}} {{.Name}} {{index .Config.Labels \"lakeshore.worker\"}} {{.HostConfig.NetworkMode}}", inst.ID); got != "true lakeshore-"+workerID+" "+workerID+" host" {
+	if got := realparts.Podman(t, "inspect", "--format", "{{.State.Running}} {{.Name}} {{index .Config.Labels \"lakeshore.worker\"}} {{index .Config.Labels \"lakeshore.name\"}} {{.HostConfig.NetworkMode}}", inst.ID); got != "true lakeshore-"+workerID+" "+workerID+" podman-test host" {
 		t.Fatalf("container state, name, label, network: %q", got)
 	}
 
