@@ -78,7 +78,9 @@ func (s PodmanSpec) Validate() error {
 // daemon's token, so it never goes on a command line or into the
 // container's environment (both of which `ps` and `podman inspect` show):
 // it is written 0600 under the launcher's private directory and
-// bind-mounted read-only; Terminate removes it with the container.
+// bind-mounted read-only; Terminate removes it with the container (one
+// removed behind the provider's back leaves its file in the private
+// directory).
 //
 // The spec's CLI is split on whitespace: the first word is the executable,
 // the others are podman's global flags, put before every subcommand. An
@@ -170,8 +172,8 @@ func (p *Podman) Launch(ctx context.Context, req LaunchRequest) (Instance, error
 	if _, err := p.podman(ctx, podmanCallTimeout, "container", "exists", name); err == nil {
 		return Instance{}, fmt.Errorf("podman provider %s: container %s exists already", p.name, name)
 	}
-	pending := filepath.Join(p.dir, name+".sh")
-	if err := atomicfile.Write(pending, []byte(req.Bootstrap), 0o600); err != nil {
+	file := p.bootstrapPath(req.WorkerID)
+	if err := atomicfile.Write(file, []byte(req.Bootstrap), 0o600); err != nil {
 		return Instance{}, fmt.Errorf("podman provider %s: write bootstrap: %w", p.name, err)
 	}
 	args := []string{"run", "--detach",
@@ -179,7 +181,7 @@ func (p *Podman) Launch(ctx context.Context, req LaunchRequest) (Instance, error
 		"--label", podmanWorkerLabel + "=" + req.WorkerID,
 		"--network", "host",
 		"--user", "0:0",
-		"--volume", pending + ":" + bootstrapMount + ":ro",
+		"--volume", file + ":" + bootstrapMount + ":ro",
 	}
 	if req.Name != "" {
 		args = append(args, "--label", podmanNameLabel+"="+req.Name)
@@ -192,15 +194,8 @@ func (p *Podman) Launch(ctx context.Context, req LaunchRequest) (Instance, error
 		err = fmt.Errorf("no container id in its output")
 	}
 	if err != nil {
-		p.discard(ctx, name, pending)
+		p.discard(ctx, name, file)
 		return Instance{}, fmt.Errorf("podman provider %s: %s run %s: %w: %s", p.name, p.cli[0], p.spec.Image, err, lastBytes(out, podmanErrCap))
-	}
-	// The file is renamed after the container, so that Terminate, which
-	// has only the id, finds it. The mount holds the file itself, not
-	// its name: the running bootstrap keeps reading it.
-	if err := os.Rename(pending, p.bootstrapPath(id)); err != nil {
-		p.discard(ctx, id, pending)
-		return Instance{}, fmt.Errorf("podman provider %s: keep bootstrap: %w", p.name, err)
 	}
 	p.log.Info().Str("worker_id", req.WorkerID).Str("container", id).Msg("container started")
 	return Instance{ID: id}, nil
@@ -220,22 +215,26 @@ func (p *Podman) discard(ctx context.Context, ref, file string) {
 }
 
 // Terminate removes the container (killed at once: the machine ends, as a
-// cloud instance's does) and its bootstrap file. A container already gone
-// is not an error.
+// cloud instance's does) and its bootstrap file, found through the
+// container's worker label. A container already gone is not an error.
 func (p *Podman) Terminate(ctx context.Context, instanceID string) error {
 	if !containerName.MatchString(instanceID) {
 		return fmt.Errorf("podman provider %s: %q is not a container id", p.name, instanceID)
 	}
+	// A container that is gone has no label to read; rm says whether
+	// podman itself works.
+	label, _ := p.podman(ctx, podmanCallTimeout, "container", "inspect", "--format", "{{index .Config.Labels \""+podmanWorkerLabel+"\"}}", instanceID)
+	workerID := lastOutputLine(label)
 	out, err := p.podman(ctx, podmanCallTimeout, "rm", "--force", "--ignore", "--time", "0", instanceID)
 	if err != nil {
 		return fmt.Errorf("podman provider %s: %s rm %s: %w: %s", p.name, p.cli[0], instanceID, err, lastBytes(out, podmanErrCap))
 	}
-	if containerID.MatchString(instanceID) {
-		if err := os.Remove(p.bootstrapPath(instanceID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if containerName.MatchString(workerID) {
+		if err := os.Remove(p.bootstrapPath(workerID)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("podman provider %s: remove bootstrap: %w", p.name, err)
 		}
 	}
-	p.log.Info().Str("container", instanceID).Msg("container removed")
+	p.log.Info().Str("container", instanceID).Str("worker_id", workerID).Msg("container removed")
 	return nil
 }
 
@@ -257,8 +256,10 @@ func (p *Podman) ConsoleLog(ctx context.Context, instanceID string, latest bool)
 	return "", fmt.Errorf("podman provider %s: %s logs %s: %w: %s", p.name, p.cli[0], instanceID, err, lastBytes(out, podmanErrCap))
 }
 
-func (p *Podman) bootstrapPath(id string) string {
-	return filepath.Join(p.dir, id+".sh")
+// bootstrapPath is where the bootstrap of workerID's container lives for
+// as long as the container does (a `podman start` of it runs it again).
+func (p *Podman) bootstrapPath(workerID string) string {
+	return filepath.Join(p.dir, "lakeshore-"+workerID+".sh")
 }
 
 // podman runs one podman subcommand with the global flags, bounded by ctx

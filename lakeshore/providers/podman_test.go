@@ -24,7 +24,7 @@ import (
 func podmanSpec(image string) providers.PodmanSpec {
 	return providers.PodmanSpec{
 		Image:   image,
-		CLI:     "podman " + strings.Join(realparts.PodmanGlobalArgs(), " "),
+		CLI:     realparts.PodmanCLI(),
 		RunArgs: append(realparts.PodmanLimitArgs(), "--pull=never"),
 	}
 }
@@ -201,5 +201,19 @@ func TestPodmanSpecValidate(t *testing.T) {
 		if c.flag == "" && err != nil || c.flag != "" && (err == nil || !strings.Contains(err.Error(), c.flag)) {
 			t.Errorf("%+v: Validate = %v, want an error naming %q", c.spec, err, c.flag)
 		}
+	}
+}
+
+// TestPodmanCallEndsWithContext: a podman that never returns is killed
+// when the call's ctx ends.
+func TestPodmanCallEndsWithContext(t *testing.T) {
+	t.Parallel()
+	spec := podmanSpec("localhost/x:1")
+	spec.CLI = launcher(t, "hang.sh", t.TempDir()) // a CLI that hangs
+	p, _ := newPodman(t, spec)
+	ctx, cancel := context.WithTimeout(testContext(t), 200*time.Millisecond)
+	defer cancel()
+	if err := p.Check(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Check with a hanging CLI: %v, want the ctx's deadline", err)
 	}
 }

@@ -30,6 +30,12 @@ func PodmanGlobalArgs() []string {
 	return []string{"--runtime", "runc", "--cgroup-manager", "cgroupfs"}
 }
 
+// PodmanCLI is PodmanGlobalArgs behind "podman": the --cli of a podman
+// provider on these machines.
+func PodmanCLI() string {
+	return strings.Join(append([]string{"podman"}, PodmanGlobalArgs()...), " ")
+}
+
 // PodmanRunArgs returns the `podman run` flags that work here: no network
 // (none is reachable anyway) and explicit rlimits, because the inherited
 // ones are rejected by the runtime.
