@@ -5,6 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,10 +71,17 @@ func TestPodmanLaunchConsoleTerminate(t *testing.T) {
 		t.Fatalf("Check: %v", err)
 	}
 
+	// The control plane the daemon dials is on this host's loopback.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "hello from the host")
+	}))
+	t.Cleanup(srv.Close)
+
 	workerID := randomHex(t, 12)
 	token := "tok-" + randomHex(t, 16)
 	bootstrap := "#!/bin/bash\nset -eu\ntoken='" + token + "'\n" +
 		"echo \"booted as uid $(id -u) with ${#token} token bytes\"\n" +
+		"echo \"fetched: $(wget -q -O - " + srv.URL + "/)\"\n" +
 		"echo 'a line on stderr' >&2\n" +
 		"exec sleep 100000\n"
 	inst, err := p.Launch(ctx, providers.LaunchRequest{WorkerID: workerID, Name: "podman-test", Bootstrap: bootstrap})
@@ -90,7 +100,7 @@ func TestPodmanLaunchConsoleTerminate(t *testing.T) {
 		}
 		return strings.Contains(console, "a line on stderr")
 	})
-	if !strings.Contains(console, "booted as uid 0 with 36 token bytes") {
+	if !strings.Contains(console, "booted as uid 0 with 36 token bytes") || !strings.Contains(console, "fetched: hello from the host") {
 		t.Fatalf("console log lacks the bootstrap's stdout: %q", console)
 	}
 	if got := realparts.Podman(t, "inspect", "--format", "{{.State.Running}} {{.Name}} {{index .Config.Labels \"lakeshore.worker\"}} {{index .Config.Labels \"lakeshore.name\"}} {{.HostConfig.NetworkMode}}", inst.ID); got != "true lakeshore-"+workerID+" "+workerID+" podman-test host" {
