@@ -72,9 +72,10 @@ func (s PodmanSpec) Validate() error {
 }
 
 // Podman launches each daemon as a detached container on this host: the
-// provider's image on the host network, named lakeshore-<worker id> and
-// labelled lakeshore.worker=<worker id> (and lakeshore.name=<daemon name>), run as root (--user 0:0), its
-// entrypoint `bash /run/lakeshore/bootstrap.sh`. The bootstrap carries the
+// provider's image on the host network, named lakeshore-<worker id>,
+// labelled lakeshore.worker=<worker id> and lakeshore.name=<daemon name>,
+// run as root (--user 0:0), its entrypoint
+// `bash /run/lakeshore/bootstrap.sh`. The bootstrap carries the
 // daemon's token, so it never goes on a command line or into the
 // container's environment (both of which `ps` and `podman inspect` show):
 // it is written 0600 under the launcher's private directory and
