@@ -389,11 +389,13 @@ fi
 claim() { (set -C && printf '%%s %%s\n' "$$" "$(starttime "$$")" >%[2]s) 2>/dev/null; }
 if ! claim; then
 	if alive %[2]s; then
-		if ((changed)) && alive %[3]s; then
+		if ((changed == 0)); then
+			log "nymph is already supervised by this bootstrap's loop; nothing changed"
+		elif alive %[3]s; then
 			log "restarting nymph (pid $pid) under the running loop: its binary, config or token changed"
 			kill -TERM "$pid"
 		else
-			log "nymph is already supervised by this bootstrap's loop; nothing changed"
+			log "nymph is between two starts of its loop: the next one picks up the changes"
 		fi
 		exit 0
 	fi

@@ -242,6 +242,20 @@ func libs(t *testing.T, bins ...string) []string {
 	return files
 }
 
+// startContainer runs cmd as the main process of a new container, with
+// scripts mounted at /boot, and removes the container when t ends.
+func startContainer(t *testing.T, image, scripts string, cmd ...string) *container {
+	c := &container{t: t, name: fmt.Sprintf("bootstrap-test-%d-%s", os.Getpid(), strings.ToLower(t.Name()))}
+	args := append(podmanArgs(t, image, scripts, false), "-d", "--name", c.name, image)
+	if out, err := exec.Command("podman", append(args, cmd...)...).CombinedOutput(); err != nil {
+		t.Fatalf("podman run: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		_ = exec.Command("podman", append(realparts.PodmanGlobalArgs(), "rm", "-f", "-t", "0", c.name)...).Run()
+	})
+	return c
+}
+
 func (c *container) exec(args ...string) (string, error) {
 	out, err := exec.Command("podman", append(append(realparts.PodmanGlobalArgs(), "exec", c.name), args...)...).CombinedOutput()
 	return string(out), err
@@ -310,14 +324,7 @@ func TestBootstrapRunsInAContainer(t *testing.T) {
 	changed.Label = "relabelled"
 	writeScript(t, scripts, "changed.sh", changed)
 
-	c := &container{t: t, name: "bootstrap-test-" + strings.ToLower(t.Name()) + fmt.Sprint(os.Getpid())}
-	args := append(podmanArgs(t, image, scripts, false), "-d", "--name", c.name, image, "/bin/bash", "/boot/first.sh")
-	if out, err := exec.Command("podman", args...).CombinedOutput(); err != nil {
-		t.Fatalf("podman run: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		_ = exec.Command("podman", append(realparts.PodmanGlobalArgs(), "rm", "-f", "-t", "0", c.name)...).Run()
-	})
+	c := startContainer(t, image, scripts, "/bin/bash", "/boot/first.sh")
 	logs := func() string {
 		out, _ := exec.Command("podman", append(realparts.PodmanGlobalArgs(), "logs", c.name)...).CombinedOutput()
 		return string(out)
@@ -447,5 +454,79 @@ func TestBootstrapRefusesAWrongChecksum(t *testing.T) {
 	_, listing, _ := strings.Cut(s, "exit=1\n")
 	if got := strings.Fields(listing); !slices.Equal(got, []string{ConfigDir + ":", "/etc/systemd/system:", "/opt/dreamlake/bin:"}) {
 		t.Fatalf("the failed run left files behind:\n%s", listing)
+	}
+}
+
+// fakeSystemctl stands in for systemctl on a host where systemd runs (this
+// one has none running): it records each call, and is-active answers
+// whether a start was recorded.
+const fakeSystemctl = `#!/bin/sh
+echo "$*" >> /var/lib/fake-systemctl-calls
+case "$1" in
+is-active) [ -f /run/fake-unit-active ]; exit $? ;;
+enable|start|restart) touch /run/fake-unit-active ;;
+esac
+`
+
+// TestBootstrapUnderSystemd runs the script where /run/systemd/system
+// exists, with an enrollment token and a CA: it installs the unit, enables
+// and starts it, reloads systemd only when the unit changed and restarts
+// nymph only when its files changed.
+func TestBootstrapUnderSystemd(t *testing.T) {
+	image := realparts.PodmanImage(t)
+	binURL, sum := releaseServer(t)
+	in := baseInput()
+	in.BinaryURL, in.BinarySHA256 = binURL, sum
+	in.Enroll, in.Token, in.CAPEM = true, "dle_first", testCA
+	scripts := t.TempDir()
+	writeScript(t, scripts, "first.sh", in)
+	in.Token = "dle_second"
+	writeScript(t, scripts, "second.sh", in)
+	if err := os.WriteFile(filepath.Join(scripts, "systemctl"), []byte(fakeSystemctl), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := startContainer(t, image, scripts, "sleep", "2147483647")
+	c.must("sh", "-c", "mkdir -p /run/systemd/system && ln -s /boot/systemctl /bin/systemctl")
+	run := func(script string) []string {
+		t.Helper()
+		out := c.must("/bin/bash", script)
+		if !strings.Contains(out, "nymph runs as the systemd unit "+UnitName) {
+			t.Errorf("%s said:\n%s", script, out)
+		}
+		calls := c.lines("/var/lib/fake-systemctl-calls")
+		c.must("rm", "-f", "/var/lib/fake-systemctl-calls")
+		return calls
+	}
+	isActive, enable := "is-active --quiet "+UnitName, "enable --now "+UnitName
+	for _, step := range []struct {
+		script string
+		want   []string
+	}{
+		{"/boot/first.sh", []string{"daemon-reload", isActive, enable}},
+		{"/boot/first.sh", []string{isActive, enable}},                         // nothing changed
+		{"/boot/second.sh", []string{isActive, enable, "restart " + UnitName}}, // a new token
+	} {
+		if got := run(step.script); !slices.Equal(got, step.want) {
+			t.Errorf("%s: systemctl calls %q, want %q", step.script, got, step.want)
+		}
+	}
+	for path, want := range map[string]string{EnrollTokenPath: "600", CAPath: "644", UnitPath: "644", ConfigPath: "644"} {
+		if got := strings.TrimSpace(c.must("stat", "-c", "%a", path)); got != want {
+			t.Errorf("%s: mode %s, want %s", path, got, want)
+		}
+	}
+	if got := c.must("cat", EnrollTokenPath); got != "dle_second\n" {
+		t.Errorf("enroll token file: %q", got)
+	}
+	if _, err := c.exec("test", "-e", TokenPath); err == nil {
+		t.Errorf("%s exists beside the enrollment token", TokenPath)
+	}
+	cfg := loadConfig(t, c)
+	if !cfg.Identity.Enabled || cfg.Identity.EnrollTokenFile != EnrollTokenPath || cfg.Identity.KeyFile != KeyPath ||
+		cfg.Server.TokenFile != "" || cfg.Server.CAFile != CAPath {
+		t.Errorf("config: %+v %+v", cfg.Server, cfg.Identity)
+	}
+	if got := c.must("cat", CAPath); got != testCA {
+		t.Errorf("ca file: %q", got)
 	}
 }
