@@ -77,8 +77,12 @@ type Input struct {
 	// key under DataDir and presents the token on its first hello.
 	Token  string
 	Enroll bool
-	Label  string
-	Tags   []string
+	// MachineID is nymph's [daemon] machine_id; empty is "auto", the
+	// hostname, which containers on the host network share with the host
+	// (the control plane tells daemons apart by machine id and label).
+	MachineID string
+	Label     string
+	Tags      []string
 	// Queues are the queues the daemon joins (nymph's [daemon] lanes);
 	// empty is the default queue.
 	Queues []string
@@ -181,6 +185,9 @@ func renderConfig(in Input) (string, error) {
 	} else {
 		c.Server.TokenFile = TokenPath
 	}
+	if in.MachineID != "" {
+		c.Daemon.MachineID = in.MachineID
+	}
 	c.Daemon.Label = in.Label
 	c.Daemon.Tags = append(c.Daemon.Tags, in.Tags...)
 	c.Daemon.Lanes = append(c.Daemon.Lanes, in.Queues...)
@@ -214,6 +221,9 @@ func (in Input) validate() error {
 			return errors.New("bootstrap: ca pem: holds no PEM block")
 		}
 	}
+	if in.MachineID != "" && strings.TrimSpace(in.MachineID) == "" {
+		return errors.New("bootstrap: machine id: must not be blank (leave it empty for the hostname)")
+	}
 	if strings.TrimSpace(in.Label) == "" {
 		return errors.New("bootstrap: label: must not be empty")
 	}
@@ -235,7 +245,7 @@ func (in Input) validate() error {
 	if in.KeepAliveS < -1 {
 		return fmt.Errorf("bootstrap: keep alive: must be -1 (pool), 0 (single job) or a number of seconds, got %d", in.KeepAliveS)
 	}
-	for _, s := range []struct{ name, v string }{{"label", in.Label}, {"ca pem", in.CAPEM}, {"bootstrap script", in.PreScript}} {
+	for _, s := range []struct{ name, v string }{{"machine id", in.MachineID}, {"label", in.Label}, {"ca pem", in.CAPEM}, {"bootstrap script", in.PreScript}} {
 		if strings.ContainsRune(s.v, 0) {
 			return fmt.Errorf("bootstrap: %s: contains a NUL byte", s.name)
 		}

@@ -117,6 +117,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 		{"token", func(in *Input) { in.Token = "a\nb" }},
 		{"ca pem", func(in *Input) { in.CAPEM = "not a pem" }},
 		{"label", func(in *Input) { in.Label = " " }},
+		{"machine id", func(in *Input) { in.MachineID = "\t" }},
 		{"tags", func(in *Input) { in.Tags = []string{"ok", ""} }},
 		{"queues", func(in *Input) { in.Queues = []string{" "} }},
 		{"runners", func(in *Input) { in.Runners = []string{"kubernetes"} }},
@@ -355,7 +356,7 @@ func TestBootstrapRunsInAContainer(t *testing.T) {
 		t.Errorf("installed binary: %s, want sha256 %s", got, sum)
 	}
 	cfg := loadConfig(t, c)
-	if cfg.Daemon.Label != hostile || !slices.Equal(cfg.Daemon.Tags, in.Tags) || !slices.Equal(cfg.Daemon.Lanes, in.Queues) {
+	if cfg.Daemon.Label != hostile || cfg.Daemon.MachineID != "auto" || !slices.Equal(cfg.Daemon.Tags, in.Tags) || !slices.Equal(cfg.Daemon.Lanes, in.Queues) {
 		t.Errorf("config: label %q tags %q lanes %q, want %q %q %q", cfg.Daemon.Label, cfg.Daemon.Tags, cfg.Daemon.Lanes, hostile, in.Tags, in.Queues)
 	}
 	if cfg.Server.URL != in.ServerURL || cfg.Server.TokenFile != TokenPath || cfg.Identity.Enabled ||
@@ -478,6 +479,7 @@ func TestBootstrapUnderSystemd(t *testing.T) {
 	in := baseInput()
 	in.BinaryURL, in.BinarySHA256 = binURL, sum
 	in.Enroll, in.Token, in.CAPEM = true, "dle_first", testCA
+	in.MachineID = "01JWORKERID"
 	scripts := t.TempDir()
 	writeScript(t, scripts, "first.sh", in)
 	in.Token = "dle_second"
@@ -523,8 +525,8 @@ func TestBootstrapUnderSystemd(t *testing.T) {
 	}
 	cfg := loadConfig(t, c)
 	if !cfg.Identity.Enabled || cfg.Identity.EnrollTokenFile != EnrollTokenPath || cfg.Identity.KeyFile != KeyPath ||
-		cfg.Server.TokenFile != "" || cfg.Server.CAFile != CAPath {
-		t.Errorf("config: %+v %+v", cfg.Server, cfg.Identity)
+		cfg.Server.TokenFile != "" || cfg.Server.CAFile != CAPath || cfg.Daemon.MachineID != "01JWORKERID" {
+		t.Errorf("config: %+v %+v %+v", cfg.Server, cfg.Identity, cfg.Daemon)
 	}
 	if got := c.must("cat", CAPath); got != testCA {
 		t.Errorf("ca file: %q", got)
