@@ -27,6 +27,7 @@ packages=(
 	procps
 	iproute2
 	bash-completion # what `lakeshore completion bash` needs (its help says so)
+	shellcheck      # lints the rendered provider bootstrap scripts (lakeshore/providers/bootstrap)
 )
 
 # Prints the packages that are not fully installed, one per line, with a
