@@ -43,9 +43,28 @@ type Moto struct {
 // MotoImageID is an AMI that moto's EC2 lists in every region.
 const MotoImageID = "ami-12c6146b"
 
+// MotoOption changes how StartMoto runs the server.
+type MotoOption func(*motoOptions)
+
+type motoOptions struct {
+	authenticate bool
+}
+
+// MotoAuthenticate makes the server check credentials the way AWS does:
+// every request signed with a key that moto's IAM does not hold (Env's
+// test/test among them) is refused with AuthFailure. It is how a test
+// sees wrong credentials refused.
+func MotoAuthenticate() MotoOption {
+	return func(o *motoOptions) { o.authenticate = true }
+}
+
 // StartMoto starts a private moto_server and returns once it answers HTTP.
-func StartMoto(t testing.TB) *Moto {
+func StartMoto(t testing.TB, opts ...MotoOption) *Moto {
 	t.Helper()
+	var o motoOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	bin := findMoto(t)
 	dir := privateDir(t, "moto")
 	m := &Moto{Region: "us-east-1", Dir: dir}
@@ -80,6 +99,10 @@ func StartMoto(t testing.TB) *Moto {
 		// request on an empty AWS_PROFILE, and a developer's own would
 		// not belong in it either.
 		cmd.Env = withoutAWS(fam.env())
+		if o.authenticate {
+			// moto lets this many requests through unchecked; none.
+			cmd.Env = append(cmd.Env, "INITIAL_NO_AUTH_ACTION_COUNT=0")
+		}
 		c, err := fam.start("moto_server", cmd, filepath.Join(dir, "moto.log"))
 		if err != nil {
 			t.Fatalf("realparts: %v", err)
