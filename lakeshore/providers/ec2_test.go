@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -249,15 +250,19 @@ func testEC2LaunchAgainstMoto(t *testing.T, m *motoEC2) {
 }
 
 // ec2Proxy is a reverse proxy in front of moto that counts the EC2
-// actions it forwards and can answer the first throttle RunInstances with
-// EC2's own RequestLimitExceeded error.
+// actions it forwards and can answer the way AWS does where moto does
+// not: the first throttle RunInstances with RequestLimitExceeded, and,
+// with noLatest, a GetConsoleOutput of Latest=true with the
+// UnsupportedOperation of an instance type that keeps no latest output.
 type ec2Proxy struct {
 	URL string
 
 	mu       sync.Mutex
 	actions  map[string]int
 	tokens   []string // the ClientToken of every RunInstances
+	latest   []string // the Latest of every GetConsoleOutput
 	throttle int
+	noLatest bool
 }
 
 func startEC2Proxy(t *testing.T, target string) *ec2Proxy {
@@ -281,17 +286,21 @@ func startEC2Proxy(t *testing.T, target string) *ec2Proxy {
 		if action == "RunInstances" {
 			p.tokens = append(p.tokens, form.Get("ClientToken"))
 		}
+		if action == "GetConsoleOutput" {
+			p.latest = append(p.latest, form.Get("Latest"))
+		}
 		throttled := action == "RunInstances" && p.throttle > 0
 		if throttled {
 			p.throttle--
 		}
+		unsupported := action == "GetConsoleOutput" && p.noLatest && form.Get("Latest") == "true"
 		p.mu.Unlock()
-		if throttled {
-			w.Header().Set("Content-Type", "text/xml")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?>`+
-				`<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors>`+
-				`<RequestID>throttled-by-the-test</RequestID></Response>`)
+		switch {
+		case throttled:
+			ec2ErrorAnswer(w, http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded.")
+			return
+		case unsupported:
+			ec2ErrorAnswer(w, http.StatusBadRequest, "UnsupportedOperation", "This instance type does not support retrieving the latest console output.")
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -300,6 +309,15 @@ func startEC2Proxy(t *testing.T, target string) *ec2Proxy {
 	t.Cleanup(srv.Close)
 	p.URL = srv.URL
 	return p
+}
+
+// ec2ErrorAnswer writes an error in the EC2 query protocol's shape.
+func ec2ErrorAnswer(w http.ResponseWriter, status int, code, message string) {
+	w.Header().Set("Content-Type", "text/xml")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?>`+
+		`<Response><Errors><Error><Code>`+code+`</Code><Message>`+message+`</Message></Error></Errors>`+
+		`<RequestID>answered-by-the-test</RequestID></Response>`)
 }
 
 func (p *ec2Proxy) count(action string) int {
@@ -426,6 +444,22 @@ func testEC2ConsoleLog(t *testing.T, m *motoEC2) {
 	_, err = e.ConsoleLog(ctx, "i-0123456789abcdef0", true)
 	if !errors.Is(err, ErrInstanceGone) {
 		t.Fatalf("ConsoleLog of an unknown instance: %v, want ErrInstanceGone", err)
+	}
+
+	// An instance type without the latest output: Latest=true is refused,
+	// and the launcher reads the buffer EC2 captured instead.
+	proxy := startEC2Proxy(t, m.moto.URL)
+	proxy.noLatest = true
+	spec := m.spec()
+	spec.Endpoint = proxy.URL
+	out, err := m.launcher(t, spec).ConsoleLog(ctx, inst.ID, true)
+	if err != nil || strings.TrimSpace(out) == "" {
+		t.Fatalf("ConsoleLog(latest) of an instance without the latest output: %q, %v", out, err)
+	}
+	proxy.mu.Lock()
+	defer proxy.mu.Unlock()
+	if want := []string{"true", ""}; !slices.Equal(proxy.latest, want) {
+		t.Errorf("GetConsoleOutput sent Latest %q, want %q", proxy.latest, want)
 	}
 }
 
