@@ -162,7 +162,7 @@ func TestSlurmClustersAreIndependentAndCleanedUp(t *testing.T) {
 }
 
 func TestStartMoto(t *testing.T) {
-	m, ctx := timed(t, "StartMoto", StartMoto, 30*time.Second)
+	m, ctx := timed(t, "StartMoto", func(t testing.TB) *Moto { return StartMoto(t) }, 30*time.Second)
 	// DescribeRegions over the EC2 query protocol, unsigned: moto answers
 	// it, which is all StartMoto promises.
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, m.URL+"/", strings.NewReader("Action=DescribeRegions&Version=2016-11-15"))
