@@ -232,7 +232,7 @@ func testEC2LaunchAgainstMoto(t *testing.T, m *motoEC2) {
 	if got := m.instance(t, inst2.ID).InstanceType; got != "m5.large" {
 		t.Errorf("instance type %q, want the provider's m5.large", got)
 	}
-	capacity := json.RawMessage(`{"instance_type": "c5.xlarge", "tags": {"team": "vision"}}`)
+	capacity := json.RawMessage(`{"instance_type": "c5.xlarge", "tags": {"team": "vision"}, "availability_zone": "us-east-1b", "spot": true}`)
 	inst3, err := e2.Launch(ctx, LaunchRequest{WorkerID: "wkr-launch-2", Name: "gpu-02", Bootstrap: testBootstrap, Capacity: capacity})
 	if err != nil {
 		t.Fatalf("Launch with capacity: %v", err)
@@ -243,6 +243,15 @@ func testEC2LaunchAgainstMoto(t *testing.T, m *motoEC2) {
 	}
 	if tags := tagsOf(got3); tags["team"] != "vision" || tags[EC2TagName] != "gpu-02" {
 		t.Errorf("tags %v, want team=vision beside Name=gpu-02", tags)
+	}
+	if az := aws.ToString(got3.Placement.AvailabilityZone); az != "us-east-1b" {
+		t.Errorf("availability zone %q, want the capacity's us-east-1b", az)
+	}
+	if got3.InstanceLifecycle != types.InstanceLifecycleTypeSpot {
+		t.Errorf("lifecycle %q, want spot", got3.InstanceLifecycle)
+	}
+	if got.InstanceLifecycle == types.InstanceLifecycleTypeSpot {
+		t.Errorf("a launch without spot in its capacity is a spot instance")
 	}
 	if inst.ID == inst2.ID || inst2.ID == inst3.ID {
 		t.Fatalf("three workers gave instances %s %s %s", inst.ID, inst2.ID, inst3.ID)
