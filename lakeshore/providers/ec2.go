@@ -614,7 +614,8 @@ func (e *EC2) apiError(op, subject string, err error) error {
 		hint = "--security-group-id (or capacity security_group_ids): a group is not in this region, or not in the subnet's VPC"
 	case strings.HasPrefix(code, "InvalidKeyPair."):
 		hint = "--key-name (or capacity key_name): no such key pair in this region"
-	case strings.Contains(code, "IamInstanceProfile") || strings.Contains(ae.ErrorMessage(), "iamInstanceProfile"):
+	case code == "NoSuchEntity" || strings.Contains(strings.ToLower(code+" "+ae.ErrorMessage()), "instanceprofile") ||
+		strings.Contains(strings.ToLower(ae.ErrorMessage()), "instance profile"):
 		hint = "--iam-instance-profile (or capacity iam_instance_profile): the instance profile is unknown or the serve process may not pass its role (iam:PassRole)"
 	case code == "InsufficientInstanceCapacity":
 		hint = "EC2 has no capacity of this instance type here now: try another instance_type or availability_zone, or later"

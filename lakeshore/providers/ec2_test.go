@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -183,6 +184,7 @@ func TestEC2AgainstMoto(t *testing.T) {
 		test func(*testing.T, *motoEC2)
 	}{
 		{"launch", testEC2LaunchAgainstMoto},
+		{"subnet, groups and key", testEC2LaunchNetworkAndKey},
 		{"throttled launch is retried", testEC2ThrottledLaunchIsRetried},
 		{"bad capacity refused before any call", testEC2BadCapacityRefusedBeforeAnyCall},
 		{"terminate", testEC2Terminate},
@@ -255,6 +257,84 @@ func testEC2LaunchAgainstMoto(t *testing.T, m *motoEC2) {
 	}
 	if inst.ID == inst2.ID || inst2.ID == inst3.ID {
 		t.Fatalf("three workers gave instances %s %s %s", inst.ID, inst2.ID, inst3.ID)
+	}
+}
+
+// testEC2LaunchNetworkAndKey launches into a subnet, security groups and
+// a key pair that moto holds: first the provider's, then the capacity's.
+func testEC2LaunchNetworkAndKey(t *testing.T, m *motoEC2) {
+	ctx := testCtx(t)
+	vpc, err := m.raw.CreateVpc(ctx, &ec2.CreateVpcInput{CidrBlock: aws.String("10.20.0.0/16")})
+	if err != nil {
+		t.Fatalf("CreateVpc: %v", err)
+	}
+	vpcID := vpc.Vpc.VpcId
+	var subnets []string
+	for _, cidr := range []string{"10.20.1.0/24", "10.20.2.0/24"} {
+		sn, err := m.raw.CreateSubnet(ctx, &ec2.CreateSubnetInput{VpcId: vpcID, CidrBlock: aws.String(cidr)})
+		if err != nil {
+			t.Fatalf("CreateSubnet: %v", err)
+		}
+		subnets = append(subnets, aws.ToString(sn.Subnet.SubnetId))
+	}
+	var groups []string
+	for _, name := range []string{"workers", "gpu-workers"} {
+		g, err := m.raw.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{GroupName: aws.String(name), Description: aws.String(name), VpcId: vpcID})
+		if err != nil {
+			t.Fatalf("CreateSecurityGroup: %v", err)
+		}
+		groups = append(groups, aws.ToString(g.GroupId))
+	}
+	for _, k := range []string{"ops", "ml-ops"} {
+		if _, err := m.raw.CreateKeyPair(ctx, &ec2.CreateKeyPairInput{KeyName: aws.String(k)}); err != nil {
+			t.Fatalf("CreateKeyPair: %v", err)
+		}
+	}
+	spec := m.spec()
+	spec.SubnetID = subnets[0]
+	spec.SecurityGroupIDs = groups[:1]
+	spec.KeyName = "ops"
+	e := m.launcher(t, spec)
+	check := func(id, subnet, group, key string) {
+		t.Helper()
+		in := m.instance(t, id)
+		if got := aws.ToString(in.SubnetId); got != subnet {
+			t.Errorf("%s: subnet %s, want %s", id, got, subnet)
+		}
+		if len(in.SecurityGroups) != 1 || aws.ToString(in.SecurityGroups[0].GroupId) != group {
+			t.Errorf("%s: security groups %+v, want just %s", id, in.SecurityGroups, group)
+		}
+		if got := aws.ToString(in.KeyName); got != key {
+			t.Errorf("%s: key %q, want %q", id, got, key)
+		}
+	}
+	a, err := e.Launch(ctx, LaunchRequest{WorkerID: "wkr-net-0", Name: "net-0", Bootstrap: testBootstrap})
+	if err != nil {
+		t.Fatalf("Launch into the provider's subnet: %v", err)
+	}
+	check(a.ID, subnets[0], groups[0], "ops")
+	capacity := fmt.Sprintf(`{"subnet_id": %q, "security_group_ids": [%q], "key_name": "ml-ops"}`, subnets[1], groups[1])
+	b, err := e.Launch(ctx, LaunchRequest{WorkerID: "wkr-net-1", Name: "net-1", Bootstrap: testBootstrap, Capacity: json.RawMessage(capacity)})
+	if err != nil {
+		t.Fatalf("Launch with the capacity's subnet: %v", err)
+	}
+	check(b.ID, subnets[1], groups[1], "ml-ops")
+
+	// An instance profile is passed by name or by ARN; moto's IAM holds
+	// none, so both are refused, naming the flag and what was sent.
+	for _, profile := range []string{"nobody", "arn:aws:iam::123456789012:instance-profile/nobody"} {
+		_, err = e.Launch(ctx, LaunchRequest{WorkerID: "wkr-net-3", Name: "net-3", Bootstrap: testBootstrap, Capacity: json.RawMessage(fmt.Sprintf(`{"iam_instance_profile": %q}`, profile))})
+		t.Logf("Launch with an unknown instance profile: %v", err)
+		if err == nil || !strings.Contains(err.Error(), "--iam-instance-profile") || !strings.Contains(err.Error(), profile) {
+			t.Errorf("Launch with instance profile %s that moto does not hold: %v", profile, err)
+		}
+	}
+
+	// A subnet the region does not hold is named by its flag.
+	_, err = e.Launch(ctx, LaunchRequest{WorkerID: "wkr-net-2", Name: "net-2", Bootstrap: testBootstrap, Capacity: json.RawMessage(`{"subnet_id": "subnet-0123456789abcdef0"}`)})
+	t.Logf("Launch into an unknown subnet: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "--subnet-id") {
+		t.Errorf("Launch into a subnet moto does not hold: %v", err)
 	}
 }
 
