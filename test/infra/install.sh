@@ -44,6 +44,15 @@ missing_packages() {
 	done
 }
 
+# moto_server, the AWS API emulator the ec2 provider's tests run, is a
+# Python package (moto[server]), not a Debian one: it is preinstalled under
+# pyenv on these machines and nothing here installs it, so only say when it
+# is missing (test/realparts.StartMoto looks in the same places).
+if ! compgen -G '/root/.pyenv/versions/*/bin/moto_server' >/dev/null 2>&1 &&
+	! command -v moto_server >/dev/null 2>&1; then
+	echo "install.sh: moto_server not found (pip install 'moto[server]'): the ec2 provider tests skip, or fail under CI=true" >&2
+fi
+
 mapfile -t missing < <(missing_packages)
 reinstall=()
 if [[ ! -x /usr/lib/postgresql/15/bin/initdb || ! -x /usr/lib/postgresql/15/bin/postgres ]]; then

@@ -1,6 +1,6 @@
 // Package realparts starts real external components for tests: an OpenSSH
 // server, a single-node SLURM cluster, a PostgreSQL server, a local podman
-// image and a gVisor sandbox check.
+// image, a gVisor sandbox check and moto (an AWS API emulator, for EC2).
 //
 // Every Start* function gives the calling test a private instance (its own
 // temporary directory and its own random loopback ports) and registers a

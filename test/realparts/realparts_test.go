@@ -3,6 +3,8 @@ package realparts
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -156,5 +158,26 @@ func TestSlurmClustersAreIndependentAndCleanedUp(t *testing.T) {
 	}
 	if left := (&family{marker: marker}).members(nil); len(left) > 0 {
 		t.Errorf("processes carrying the cluster's marker outlived its test: %v", left)
+	}
+}
+
+func TestStartMoto(t *testing.T) {
+	m, ctx := timed(t, "StartMoto", func(t testing.TB) *Moto { return StartMoto(t) }, 30*time.Second)
+	// DescribeRegions over the EC2 query protocol, unsigned: moto answers
+	// it, which is all StartMoto promises.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, m.URL+"/", strings.NewReader("Action=DescribeRegions&Version=2016-11-15"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential=test/20260101/"+m.Region+"/ec2/aws4_request, SignedHeaders=host, Signature=0")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("moto DescribeRegions: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), m.Region) {
+		t.Fatalf("moto DescribeRegions: %s: %s", resp.Status, body)
 	}
 }
