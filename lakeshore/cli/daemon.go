@@ -47,6 +47,7 @@ gone nor stale wins; when a name is still ambiguous the candidates are listed.
 		a.daemonStatusCmd(),
 		a.daemonStopCmd(),
 		a.daemonInstallCmd(),
+		a.daemonLaunchCmd(), a.daemonLaunchLogCmd(),
 		a.daemonUpdateCmd(), a.daemonTargetVersionCmd(), a.daemonSetTargetVersionCmd(),
 		a.daemonRotateKeyCmd(), a.daemonRevokeKeyCmd(),
 	)
@@ -210,6 +211,10 @@ func (a *app) printWorker(out io.Writer, w operatorapi.Worker) error {
 		joinOrDash(w.Capabilities.Runners), w.Capabilities.MaxInvocations, orDash(w.Capabilities.Workdir))
 	row("capabilities", caps)
 	row("setup pending", fmt.Sprint(w.SetupPending))
+	if w.Provider != "" {
+		row("provider", w.Provider)
+		row("instance", orDash(w.InstanceID))
+	}
 	if w.SingleJob {
 		what := "yes (keep_alive_s = 0): takes one job, then exits"
 		if w.SingleJobTaken {

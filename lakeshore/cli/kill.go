@@ -73,9 +73,12 @@ func (a *app) daemonKillCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "kill <daemon> | --prefix P",
 		Short: "Remove a daemon's worker row (and by default its cloud instance)",
-		Long: `Remove a daemon's worker row. By default the control plane also terminates the
-cloud instance behind it with the provider credentials it holds;
---no-terminate removes only the row.
+		Long: `Remove a daemon's worker row. For a daemon 'lakeshore daemon launch' started,
+the control plane first terminates its machine through the provider that
+launched it (with the credentials of its serve process); if that fails the row
+is kept and the error says why. --no-terminate removes only the row and leaves
+the machine running. A daemon that no provider launched has no machine to
+terminate here, and the output says so.
 
 --prefix P removes every daemon whose label starts with P. It lists them and
 asks for confirmation on a terminal; --yes skips the question. Without a
@@ -84,7 +87,8 @@ terminal and without --yes nothing is removed and lakeshore exits 0.
 Killing the row does not stop the nymph process itself: a pool daemon keeps
 polling until you stop it on its host ('lakeshore daemon stop' there).
 
---json prints {deleted, terminated}, or with --prefix {count, killed: [...]}.`,
+--json prints {deleted, terminated, provider, instanceId, note}, or with
+--prefix {count, killed: [...]}.`,
 		Example: `  lakeshore daemon kill gpu-rig
   lakeshore daemon kill gpu-rig --no-terminate
   lakeshore daemon kill --prefix fleet --yes`,
@@ -170,8 +174,11 @@ polling until you stop it on its host ('lakeshore daemon stop' there).
 
 func (a *app) printKilled(w operatorapi.Worker, kr operatorapi.KillResponse) error {
 	note := ""
-	if kr.Terminated {
-		note = "; instance terminated"
+	switch {
+	case kr.Terminated:
+		note = fmt.Sprintf("; instance %s terminated through provider %s", kr.InstanceID, kr.Provider)
+	case kr.Note != "":
+		note = " (" + kr.Note + ")"
 	}
 	_, err := fmt.Fprintf(a.env.Stdout, "killed %s%s\n", describe(w), note)
 	return err

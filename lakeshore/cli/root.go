@@ -180,7 +180,7 @@ else ~/.config/lakeshore/credentials.json), so no flag is needed there.
 		a.queueExecCmd(),
 		a.completionCmd(),
 		a.versionCmd(),
-		a.releaseCmd(), a.queueCmd(),
+		a.releaseCmd(), a.queueCmd(), a.providerCmd(),
 		a.runCmd(), a.invocationsCmd(),
 	)
 	return root

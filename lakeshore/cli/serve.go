@@ -20,6 +20,7 @@ import (
 
 	"nymph/lakeshore/controlplane"
 	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/providers"
 	"nymph/lakeshore/releases"
 	"nymph/lakeshore/store/postgres"
 	"nymph/lakeshore/store/sqlite"
@@ -208,6 +209,9 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		Logger:      logger,
 		StaleAfter:  o.staleAfter,
 		LostAfter:   lostAfter,
+		OpenProvider: func(ctx context.Context, spec providers.Spec, dir string) (providers.Launcher, error) {
+			return providers.Open(ctx, spec, dir, logger)
+		},
 	}
 	if err := o.edge.apply(&cfg); err != nil {
 		return err

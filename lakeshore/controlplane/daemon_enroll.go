@@ -480,6 +480,7 @@ func (s *Server) enroll(ctx context.Context, h store.Hello, e *enrollment) (stor
 		}
 	}
 	h.AddKey = &store.Key{ID: e.keyID, Namespace: e.namespace, PublicKey: e.pub, CreatedAt: now}
+	h.Adopt = e.tokenID
 	wk, created, err := s.st.Hello(ctx, h)
 	if errors.Is(err, store.ErrKeyExists) {
 		release()

@@ -78,7 +78,10 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		// token to its worker; a keyed one has no bearer here (p names
 		// neither).
 		TokenID: boundTokenID(p),
-		Fleet:   p.fleet,
+		// A launched daemon's first hello takes over the row its launch
+		// made (state pending), found through the token minted for it.
+		Adopt: boundTokenID(p),
+		Fleet: p.fleet,
 	})
 	if err != nil {
 		s.log.Error().Err(err).Str("machine_id", req.MachineID).Msg("hello: store")

@@ -62,7 +62,8 @@ func (s *Server) resolveWorker(r *http.Request) (store.Worker, error) {
 // derivedState is the stored state, or stale when the worker has not been
 // seen for the stale window (operatorapi.StaleAfter unless configured).
 func (s *Server) derivedState(w store.Worker, now time.Time) string {
-	if w.State != operatorapi.StateGone && now.Sub(w.LastSeenAt) > s.staleAfter {
+	// A pending worker has never been seen: its machine is still booting.
+	if w.State != operatorapi.StateGone && w.State != operatorapi.StatePending && now.Sub(w.LastSeenAt) > s.staleAfter {
 		return operatorapi.StateStale
 	}
 	return w.State
@@ -90,6 +91,8 @@ func (s *Server) workerView(w store.Worker, now time.Time) operatorapi.Worker {
 		SetupPending: w.SetupPending,
 		Running:      make([]operatorapi.InvocationStatus, 0, len(w.Running)),
 		Keys:         []operatorapi.KeyInfo{},
+		Provider:     w.Provider,
+		InstanceID:   w.InstanceID,
 	}
 	v.SingleJob, v.SingleJobTaken = w.SingleJob, w.HasJob()
 	if !json.Valid(v.Versions) {
@@ -137,11 +140,21 @@ func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v[0])
 }
 
-// handleKillWorker removes the row. No cloud provider is configured, so
-// nothing is terminated; a daemon still running gets 404 on its next poll.
+// handleKillWorker terminates the worker's instance through the provider
+// that launched it (unless terminate=false), then removes the row; a
+// daemon still running gets 404 on its next poll.
 func (s *Server) handleKillWorker(w http.ResponseWriter, r *http.Request) {
 	wk, err := s.resolveWorker(r)
 	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	// The instance first: a row removed before a failed terminate would
+	// leave a machine running that nothing names any more.
+	out := operatorapi.KillResponse{Deleted: wk.ID, Provider: wk.Provider, InstanceID: wk.InstanceID}
+	if r.URL.Query().Get("terminate") == "false" {
+		out.Note = "--no-terminate: the row only; the instance, if any, is left running"
+	} else if out.Terminated, out.Note, err = s.terminateInstance(r.Context(), wk); err != nil {
 		writeOperatorError(w, err)
 		return
 	}
@@ -158,7 +171,7 @@ func (s *Server) handleKillWorker(w http.ResponseWriter, r *http.Request) {
 	s.forget(wk.ID)
 	s.log.Info().Str("worker_id", wk.ID).Str("label", wk.Label).Msg("worker killed")
 	s.sweepLost(r.Context())
-	writeJSON(w, http.StatusOK, operatorapi.KillResponse{Deleted: wk.ID, Terminated: false})
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) handleCleanup(w http.ResponseWriter, r *http.Request) {

@@ -64,6 +64,12 @@ func (s *Server) routes() *http.ServeMux {
 		{operatorapi.RouteCreateQueue, s.adminAuth(s.handleCreateQueue)},
 		{operatorapi.RouteListQueues, s.adminAuth(s.handleListQueues)},
 		{operatorapi.RouteEditWorkerQueues, s.adminAuth(s.handleEditWorkerQueues)},
+		{operatorapi.RouteCreateProvider, s.adminAuth(s.handleCreateProvider)},
+		{operatorapi.RouteListProviders, s.adminAuth(s.handleListProviders)},
+		{operatorapi.RouteGetProvider, s.adminAuth(s.handleGetProvider)},
+		{operatorapi.RouteDeleteProvider, s.adminAuth(s.handleDeleteProvider)},
+		{operatorapi.RouteLaunch, s.adminAuth(s.handleLaunch)},
+		{operatorapi.RouteLaunchLog, s.adminAuth(s.handleLaunchLog)},
 
 		// Invocations and payloads.
 		{operatorapi.RouteSubmitInvocation, s.adminAuth(s.handleSubmitInvocation)},

@@ -8,6 +8,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -92,6 +93,10 @@ type Config struct {
 	// MaxConnsPerIP caps the connections Serve keeps open at once from
 	// one remote address; 0 is no cap.
 	MaxConnsPerIP int
+	// OpenProvider opens the launcher of a registered provider; nil
+	// leaves the control plane unable to launch (the provider routes say
+	// so). Its launchers keep their files under DataDir/providers.
+	OpenProvider OpenProvider
 }
 
 // Caps on how long one request may wait for something to happen.
@@ -119,6 +124,7 @@ type Server struct {
 	caches            *caches
 	handler           http.Handler
 	rel               releaseState
+	launchers         *launcherCache
 	payloads          *PayloadStore
 	urlKey            urlKey
 	ident             *identityState
@@ -203,6 +209,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		wake:        newHub(),
 		rel:         releaseState{store: cfg.Releases, maxSize: releases.MaxBinarySize, client: &http.Client{Timeout: sidecarTimeout}},
 		payloads:    cfg.Payloads,
+		launchers:   &launcherCache{open: cfg.OpenProvider},
 		pollCap:     maxPollWait,
 		waitCap:     maxExecWait,
 		closing:     make(chan struct{}),
@@ -214,6 +221,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// A lone control plane hears of every change; replicas once they
 	// listen to each other.
 	s.caches = newCaches(cfg.Notifier == nil)
+	if cfg.DataDir != "" {
+		s.launchers.dir = filepath.Join(cfg.DataDir, "providers")
+	}
 	s.presence = newPresence(&s.caches.live)
 	if s.maxConnsPerIP = cfg.MaxConnsPerIP; s.maxConnsPerIP < 0 {
 		return nil, fmt.Errorf("controlplane: MaxConnsPerIP %d: must not be negative", cfg.MaxConnsPerIP)

@@ -79,6 +79,10 @@ type Worker struct {
 	// and update outcomes, newest first (at most WorkerOutcomesShown).
 	LastSetup *WorkerOutcome  `json:"lastSetup,omitempty"`
 	Outcomes  []WorkerOutcome `json:"outcomes,omitempty"`
+	// Provider and InstanceID name what launched the daemon (a registered
+	// provider, its id for the instance); empty for one started otherwise.
+	Provider   string `json:"provider,omitempty"`
+	InstanceID string `json:"instanceId,omitempty"`
 }
 
 // Capabilities is what a daemon last said it can run, with the operator
@@ -227,9 +231,15 @@ type CleanupResponse struct {
 }
 
 // KillResponse answers RouteKillWorker.
+// Query: terminate=false removes only the row. Terminated says the
+// instance was terminated through its provider; Note says why not when
+// it was not (no provider launched the daemon, or terminate=false).
 type KillResponse struct {
 	Deleted    string `json:"deleted"`
 	Terminated bool   `json:"terminated"`
+	Provider   string `json:"provider,omitempty"`
+	InstanceID string `json:"instanceId,omitempty"`
+	Note       string `json:"note,omitempty"`
 }
 
 // Token kinds.

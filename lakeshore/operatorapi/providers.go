@@ -79,8 +79,8 @@ type LaunchRequest struct {
 
 // LaunchResponse answers RouteLaunch: the workers launched (state
 // pending until their first hello), and the launches that failed, whose
-// rows were removed. The status is 201 when every launch worked, 502 when
-// none did, 207 otherwise.
+// rows were removed. The status is 201 when every launch worked, 207 when
+// some did; when none did it is a 502 Error naming each failure.
 type LaunchResponse struct {
 	Launched []Worker        `json:"launched"`
 	Failed   []LaunchFailure `json:"failed"`
