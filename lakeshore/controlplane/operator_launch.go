@@ -360,14 +360,14 @@ func (s *Server) launchRelease(ctx context.Context, ns string) (releases.Release
 		rel, err := s.rel.store.Get(target, launchTriple)
 		if errors.Is(err, releases.ErrNotFound) {
 			return releases.Release{}, badField(http.StatusConflict, "provider",
-				"the target version %s is not published for %s: publish it (lakeshore release publish --version %s --binary PATH)", target, launchTriple, target)
+				"the target version %s is not published for %s: publish it (lakeshore release publish PATH --version %s)", target, launchTriple, target)
 		}
 		return rel, err
 	}
 	rel, err := s.rel.store.Latest(launchTriple)
 	if errors.Is(err, releases.ErrNotFound) {
 		return releases.Release{}, badField(http.StatusConflict, "provider",
-			"no nymph release is published for %s, so a launched machine has nothing to install: publish one first (lakeshore release publish --binary PATH)", launchTriple)
+			"no nymph release is published for %s, so a launched machine has nothing to install: publish one first (lakeshore release publish PATH --version V)", launchTriple)
 	}
 	return rel, err
 }

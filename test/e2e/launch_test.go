@@ -25,7 +25,7 @@ import (
 // machines download.
 func publishNymph(t *testing.T, cp *harness.ControlPlane) {
 	t.Helper()
-	if r := cp.CLI(t, "release", "publish", "--binary", cp.Bins.Nymph, "--version", harness.Version); r.Code != 0 {
+	if r := cp.CLI(t, "release", "publish", cp.Bins.Nymph, "--version", harness.Version); r.Code != 0 {
 		t.Fatalf("release publish: %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
