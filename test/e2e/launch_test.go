@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -246,4 +250,147 @@ func tagOf(tags []ec2types.Tag, key string) string {
 		}
 	}
 	return ""
+}
+
+// scriptCloud registers the fake cloud of the script provider tests
+// (lakeshore/providers/testdata/script/cloud.sh) as provider "cloud" of a
+// control plane that gives it a state directory.
+func scriptCloud(t *testing.T, extraEnv ...string) (*harness.ControlPlane, string) {
+	t.Helper()
+	state := t.TempDir()
+	cp := harness.StartControlPlane(t, harness.CPOptions{Env: append([]string{"LAUNCHER_STATE=" + state}, extraEnv...)})
+	publishNymph(t, cp)
+	script := filepath.Join(harness.ModuleRoot(t), "lakeshore", "providers", "testdata", "script", "cloud.sh")
+	if r := cp.CLI(t, "provider", "add", "script", "cloud", "--command", script); r.Code != 0 {
+		t.Fatalf("provider add script: %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	return cp, state
+}
+
+// TestTwentyConcurrentLaunches: twenty `daemon launch` processes at once
+// give twenty distinct workers, each with a token of its own.
+func TestTwentyConcurrentLaunches(t *testing.T) {
+	cp, state := scriptCloud(t)
+	const n = 20
+	results := make([]harness.Result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = cp.CLI(t, "daemon", "launch", "--provider", "cloud", "--name", fmt.Sprintf("fleet-%d", i), "--json", "--no-config")
+		}()
+	}
+	wg.Wait()
+	ids, tokens := map[string]bool{}, map[string]bool{}
+	for i, r := range results {
+		sum := decodeLaunch(t, r)
+		if r.Code != 0 || len(sum.Launched) != 1 {
+			t.Fatalf("launch %d: %d %+v\n%s", i, r.Code, sum, r.Stderr)
+		}
+		w := sum.Launched[0]
+		ids[w.ID] = true
+		req, err := os.ReadFile(filepath.Join(state, "instances", w.InstanceID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[launchToken.FindString(string(req))] = true
+	}
+	if len(ids) != n || len(tokens) != n || len(cp.Workers(t)) != n {
+		t.Fatalf("%d ids, %d tokens, %d workers for %d launches", len(ids), len(tokens), len(cp.Workers(t)), n)
+	}
+}
+
+// TestLaunchReadsDotLakeshore: launched from deep inside a git project,
+// `daemon launch` takes its defaults from the project's .lakeshore and
+// .lakeshore.local, flags win, and a setup script given as a flag is
+// appended to the configured ones.
+func TestLaunchReadsDotLakeshore(t *testing.T) {
+	cp, state := scriptCloud(t)
+	root := t.TempDir()
+	write := func(rel, text string) {
+		t.Helper()
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(".git/HEAD", "ref: refs/heads/main\n")
+	write("proj/.lakeshore", `daemon:
+  provider: cloud
+  name: from-file
+  tags: [team:infra]
+  lanes: [training]
+  keep_alive_s: 600
+  capacity: { instance_type: g5.2xlarge }
+  setup_scripts:
+    - ./host-setup/base.sh
+  unknown_key: ignored
+`)
+	write("proj/.lakeshore.local", "daemon:\n  name: from-local\n")
+	write("proj/host-setup/base.sh", "echo base\n")
+	write("proj/src/deep/extra.sh", "echo extra\n")
+	// Above the git root: never read.
+	write("../.lakeshore", "daemon:\n  provider: elsewhere\n")
+
+	dir := filepath.Join(root, "proj", "src", "deep")
+	r := cp.CLIIn(t, dir, "daemon", "launch", "--tag", "gpu:h100", "--setup-script", "extra.sh", "--json")
+	sum := decodeLaunch(t, r)
+	if r.Code != 0 || len(sum.Launched) != 1 {
+		t.Fatalf("launch from %s: %d %+v\n%s", dir, r.Code, sum, r.Stderr)
+	}
+	w := sum.Launched[0]
+	if w.Label != "from-local" || w.Provider != "cloud" || !slices.Equal(w.Tags, []string{"gpu=h100"}) || !slices.Equal(w.Queues, []string{"training"}) {
+		t.Fatalf("launched %+v: want from-local, flag tags replacing the file's, the file's queue", w)
+	}
+	if len(sum.Config) != 2 || !strings.HasSuffix(sum.Config[1], ".lakeshore.local") {
+		t.Fatalf("config files read: %v", sum.Config)
+	}
+	req, err := os.ReadFile(filepath.Join(state, "instances", w.InstanceID))
+	if err != nil || !strings.Contains(string(req), `"instance_type":"g5.2xlarge"`) || !strings.Contains(string(req), "keep_alive_s = 600") {
+		t.Fatalf("the machine was asked for: %v\n%.2000s", err, req)
+	}
+	var cmds []operatorapi.CommandInfo
+	if err := cp.GetJSON("/v1/namespaces/default/workers/"+w.ID+"/commands", &cmds); err != nil {
+		var wrapped struct {
+			Commands []operatorapi.CommandInfo `json:"commands"`
+		}
+		if err2 := cp.GetJSON("/v1/namespaces/default/workers/"+w.ID+"/commands", &wrapped); err2 != nil {
+			t.Fatal(err, err2)
+		}
+		cmds = wrapped.Commands
+	}
+	if len(cmds) != 2 || cmds[0].Kind != "setup" || cmds[1].Kind != "setup" {
+		t.Fatalf("setup FIFO: %+v, want the file's then the flag's", cmds)
+	}
+
+	// --no-setup drops them all; --no-config reads nothing (no provider).
+	r = cp.CLIIn(t, dir, "daemon", "launch", "--no-setup", "--name", "bare", "--json")
+	if sum := decodeLaunch(t, r); r.Code != 0 || len(sum.Launched) != 1 || sum.Launched[0].SetupPending != 0 {
+		t.Fatalf("--no-setup: %d %+v\n%s", r.Code, sum, r.Stderr)
+	}
+	if r := cp.CLIIn(t, dir, "daemon", "launch", "--no-config"); r.Code != 2 || !strings.Contains(r.Stderr, "--provider") {
+		t.Fatalf("--no-config without --provider: %d %s", r.Code, r.Stderr)
+	}
+	write("proj/.lakeshore.local", "daemon:\n  name: [unclosed\n")
+	if r := cp.CLIIn(t, dir, "daemon", "launch"); r.Code == 0 || !strings.Contains(r.Stderr, ".lakeshore.local") || !strings.Contains(r.Stderr, "2") {
+		t.Fatalf("malformed .lakeshore.local: %d %s", r.Code, r.Stderr)
+	}
+}
+
+// TestLaunchWaitNamesTheDaemonsThatNeverRegistered: the fake cloud boots
+// nothing, so --wait shows its progress on a terminal, gives up, and
+// exits 1 naming the daemon and the launch-log to read.
+func TestLaunchWaitNamesTheDaemonsThatNeverRegistered(t *testing.T) {
+	cp, _ := scriptCloud(t)
+	term := cp.CLIOnTerminal(t, 40, 200, "daemon", "launch", "--provider", "cloud", "--name", "ghost", "--wait", "--wait-timeout", "3s", "--no-config")
+	term.WaitFor(t, 0, "0/1 registered")
+	res := term.Wait(t)
+	text := term.Text()
+	if res.Code != 1 || !strings.Contains(text, "never registered") || !strings.Contains(text, "lakeshore daemon launch-log") {
+		t.Fatalf("launch --wait of a daemon that never registers: exit %d\n%s", res.Code, text)
+	}
 }

@@ -315,9 +315,21 @@ func (cp *ControlPlane) CLI(t testing.TB, args ...string) Result {
 // CLIStdin is CLI with standard input.
 func (cp *ControlPlane) CLIStdin(t testing.TB, stdin string, args ...string) Result {
 	t.Helper()
+	return cp.cli(t, "", stdin, args...)
+}
+
+// CLIIn is CLI run in the working directory dir.
+func (cp *ControlPlane) CLIIn(t testing.TB, dir string, args ...string) Result {
+	t.Helper()
+	return cp.cli(t, dir, "", args...)
+}
+
+func (cp *ControlPlane) cli(t testing.TB, dir, stdin string, args ...string) Result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, cp.Bins.Lakeshore, args...)
+	cmd.Dir = dir
 	cmd.Env = cp.Env
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
