@@ -316,3 +316,33 @@ func TestProviderRegistration(t *testing.T) {
 		t.Errorf("show after remove: %d", r.status)
 	}
 }
+
+// TestLaunchedDaemonEnrolls: where signatures are required a launch mints
+// an enrollment token, and the daemon's enrolling hello takes over the
+// pending row.
+func TestLaunchedDaemonEnrolls(t *testing.T) {
+	state := cloudState(t, 0)
+	e := newTLSEnv(t, withProviders, func(c *Config) { c.RequireSignatures = true })
+	if _, err := e.srv.rel.store.Publish(context.Background(), strings.NewReader("#!/bin/sh\n"), "1.0.0", launchTriple); err != nil {
+		t.Fatal(err)
+	}
+	expectJS[operatorapi.Provider](t, e.op(http.MethodPost, "/v1/providers", operatorapi.ProviderRequest{
+		Name: "cloud", Kind: "script", Config: json.RawMessage(`{"command":"` + launcherScript(t, "cloud.sh") + `"}`),
+	}), http.StatusCreated, "add provider")
+	out := expectJS[operatorapi.LaunchResponse](t, e.op(http.MethodPost, "/v1/namespaces/default/workers/launch",
+		operatorapi.LaunchRequest{Provider: "cloud", Name: "signed"}), http.StatusCreated, "launch")
+	w := out.Launched[0]
+	token := tokenInScript.FindString(machineRequest(t, state, w.InstanceID).Bootstrap)
+	if !strings.HasPrefix(token, enrollTokenPrefix) {
+		t.Fatalf("the bootstrap carries %q, want an enrollment token", token)
+	}
+	h := e.newHost("machine-s", "signed")
+	hr := h.hello(token)
+	if hr.Reject != nil || hr.WorkerID == nil || *hr.WorkerID != w.ID || hr.KeyID == nil {
+		t.Fatalf("enrolling hello: %+v reject %+v, want worker %s enrolled", hr, hr.Reject, w.ID)
+	}
+	if got := e.getWorker(w.ID); got.State != operatorapi.StateActive || got.MachineID != "machine-s" || len(got.Keys) != 1 {
+		t.Fatalf("after enrolling: %+v", got)
+	}
+	h.mustPoll()
+}
