@@ -97,6 +97,10 @@ func (s *Server) handleLaunch(w http.ResponseWriter, r *http.Request) {
 
 	launched := make([]*store.Worker, len(names))
 	failed := make([]error, len(names))
+	// Launches run to their end even if the operator goes away: a machine
+	// started for a request that was cancelled half-way would otherwise be
+	// running with no row naming it.
+	launchCtx := context.WithoutCancel(r.Context())
 	sem := make(chan struct{}, req.Concurrency)
 	var wg sync.WaitGroup
 	for i, name := range names {
@@ -104,7 +108,7 @@ func (s *Server) handleLaunch(w http.ResponseWriter, r *http.Request) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			wk, err := s.launchOne(r.Context(), plan, name)
+			wk, err := s.launchOne(launchCtx, plan, name)
 			if err != nil {
 				failed[i] = err
 				return
@@ -224,7 +228,7 @@ func (s *Server) launchOne(ctx context.Context, plan launchPlan, name string) (s
 		cancel()
 		if err == nil {
 			wk.InstanceID = inst.ID
-			if err := s.st.SetInstance(context.WithoutCancel(ctx), id, inst.ID); err != nil {
+			if err := s.st.SetInstance(ctx, id, inst.ID); err != nil {
 				// The instance runs and its daemon will say hello; the
 				// row just cannot name it. Say so rather than orphan it.
 				log.Error().Err(err).Str("instance_id", inst.ID).Msg("launch: record instance id")
@@ -234,7 +238,7 @@ func (s *Server) launchOne(ctx context.Context, plan launchPlan, name string) (s
 			return wk, nil
 		}
 	}
-	s.unlaunch(context.WithoutCancel(ctx), log, plan.ns, id, tok.ID)
+	s.unlaunch(ctx, log, plan.ns, id, tok.ID)
 	log.Info().Err(err).Msg("launch failed")
 	return store.Worker{}, err
 }
