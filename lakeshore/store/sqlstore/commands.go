@@ -38,9 +38,6 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 		if store.IsJob(c.Kind) {
 			// Under the worker's row lock: of two jobs racing for a
 			// single-job worker, one is refused.
-			if err := lockWorker(ctx, tx, c.WorkerID); err != nil {
-				return err
-			}
 			held, err := heldJob(ctx, tx, c.WorkerID)
 			if err != nil {
 				return err

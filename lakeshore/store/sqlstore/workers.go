@@ -435,15 +435,16 @@ func jobEnded(ctx context.Context, tx querier, workerID string, seq int64) (bool
 	return acked || execDone || runDone, nil
 }
 
-// heldJob returns the *store.SingleJobError that refuses another job for
-// a single-job worker that has its job, or nil when it may take one. The
-// caller holds the worker's row lock.
+// heldJob takes the worker's row lock and returns the
+// *store.SingleJobError that refuses another job for a single-job worker
+// that has its job, or nil when it may take one. One statement both locks
+// and reads the worker (lockWorker's round trip saved).
 func heldJob(ctx context.Context, tx querier, workerID string) (*store.SingleJobError, error) {
 	var (
 		single bool
 		jobSeq int64
 	)
-	err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ?`, workerID).Scan(&single, &jobSeq)
+	err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ?`+tx.d.ForUpdate, workerID).Scan(&single, &jobSeq)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("worker", workerID)
 	}
