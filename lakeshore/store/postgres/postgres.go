@@ -326,10 +326,9 @@ func (t *pgxTx) rollback(ctx context.Context) {
 	if t.begin != "" {
 		return
 	}
-	if _, err := t.conn.Exec(ctx, "ROLLBACK"); err != nil {
-		// The pool closes a connection given back mid-transaction.
-		return
-	}
+	// A ROLLBACK that fails leaves the connection mid-transaction, and
+	// the pool closes such a connection when it is given back.
+	_, _ = t.conn.Exec(ctx, "ROLLBACK")
 }
 
 // batchRows is the result of a query sent in a batch: closing it closes
