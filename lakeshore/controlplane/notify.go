@@ -2,6 +2,8 @@ package controlplane
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"time"
 
 	"nymph/backoff"
@@ -51,7 +53,7 @@ func (s *Server) delivered(key string) {
 // called.
 func (s *Server) startNotifier(n Notifier) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	s.wake.publish = func(key string) {
+	publish := func(key string) {
 		pctx, pcancel := context.WithTimeout(ctx, publishTimeout)
 		defer pcancel()
 		// A lost publish costs the other replicas' waiters at most their
@@ -59,6 +61,30 @@ func (s *Server) startNotifier(n Notifier) (stop func()) {
 		if err := n.Publish(pctx, key); err != nil && ctx.Err() == nil {
 			s.log.Warn().Err(err).Str("key", key).Msg("wake-up not published to the other replicas")
 		}
+	}
+	// inFlight counts the publishes not waited for; stop waits for them,
+	// and none starts once it has (stopped, under mu).
+	var (
+		inFlight sync.WaitGroup
+		mu       sync.Mutex
+		stopped  bool
+	)
+	s.wake.publish = func(key string) {
+		if !wakeOnly(key) {
+			publish(key)
+			return
+		}
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
+		}
+		inFlight.Add(1)
+		mu.Unlock()
+		go func() {
+			defer inFlight.Done()
+			publish(key)
+		}()
 	}
 	done := make(chan struct{})
 	go func() {
@@ -84,6 +110,24 @@ func (s *Server) startNotifier(n Notifier) (stop func()) {
 	}()
 	return func() {
 		cancel()
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+		inFlight.Wait()
 		<-done
 	}
+}
+
+// wakeOnly says whether key only wakes waiters (an exec's, an
+// invocation's, a log's) and changes nothing the other replicas keep, so
+// its publish is not waited for: nothing the caller does next depends on
+// its having arrived, and a waiter woken a little later reads the same
+// change. The poll that hands an exec to its daemon publishes one before
+// it answers, and the daemon's result another: neither answer waits for
+// PostgreSQL. A worker's key ("w:") and the announcements ("t:", "k:",
+// "v:") are out before their caller goes on, so that the next request on
+// any replica finds its caches and memos dropped.
+func wakeOnly(key string) bool {
+	kind, _, _ := strings.Cut(key, ":")
+	return kind == "e" || kind == "i" || kind == "l"
 }

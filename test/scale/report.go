@@ -45,6 +45,7 @@ func figures() []figure {
 	return []figure{
 		{name: "daemons registered", value: func(r *runResult) float64 { return float64(r.registered) }, format: countf},
 		{name: "time to register all", value: func(r *runResult) float64 { return r.register.Seconds() }, format: secf},
+		{name: "then to settle (first polls served)", value: func(r *runResult) float64 { return r.settle.Seconds() }, format: secf},
 		{name: "dispatch p50 @100/s", value: func(r *runResult) float64 { return ms(r.dispatch.st.dispatch.quantile(0.5)) }, format: msf},
 		{
 			name: "dispatch p99 @100/s", value: func(r *runResult) float64 { return ms(r.dispatch.st.dispatch.quantile(0.99)) }, format: msf,
@@ -139,6 +140,9 @@ func printRuns(w io.Writer, runs []*runResult) {
 	fmt.Fprintln(w)
 	for _, r := range runs {
 		fmt.Fprintf(w, "N=%d errors: %s\n", r.n, r.errDetail)
+		if !r.quiet {
+			fmt.Fprintf(w, "N=%d: the control plane was still busy %v after the boot; the phases ran anyway\n", r.n, settleTimeout)
+		}
 		if r.redelivered > 0 {
 			fmt.Fprintf(w, "N=%d: %d execs carried by a poll again (retried polls; skipped)\n", r.n, r.redelivered)
 		}
@@ -160,6 +164,7 @@ func printReplicas(w io.Writer, r *replicaResult) {
 	fmt.Fprintln(w, strings.Repeat("-", 84))
 	row("daemons registered", countf(float64(r.registered)), "", "")
 	row("time to register all", secf(r.register.Seconds()), "", "")
+	row("then to settle (first polls served)", settled(r.settle, r.quiet), "", "")
 	row("dispatch p50 A->B @100/s", msf(ms(r.cross.st.dispatch.quantile(0.5))), "", "")
 	row("dispatch p99 A->B @100/s", msf(ms(p99)), "< 50 ms", verdict)
 	row("round trip p50 A->B @100/s", msf(ms(r.cross.st.roundTrip.quantile(0.5))), "", "")

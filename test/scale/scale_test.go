@@ -293,6 +293,56 @@ func (b *bench) register() (time.Duration, int, []float64) {
 	return took, int(got), cpu
 }
 
+// The hellos are answered by the time register returns, but the fleet's
+// first polls are still being served: each is a full one (recorded, then
+// the claim and the take), and thousands of them queue behind one another
+// for seconds after the last hello (on PostgreSQL, for the pool). Execs
+// offered meanwhile measure the boot, which "time to register all"
+// already reports, not dispatch; so the phases wait until every control
+// plane has gone quiet, under settleCores over one settleWindow (an idle
+// fleet of 10,000 costs a few hundredths of a core).
+const (
+	settleCores   = 0.25
+	settleWindow  = time.Second
+	settleTimeout = time.Minute
+)
+
+// settle waits for the control planes to go quiet after the boot and
+// returns how long that took, and whether they did within settleTimeout.
+func (b *bench) settle() (time.Duration, bool) {
+	b.t.Helper()
+	t0 := time.Now()
+	prev := b.sample()
+	quiet := wait.Until(settleTimeout, func() bool {
+		if b.dead() != "" {
+			return true
+		}
+		now := b.sample()
+		if now.at.Sub(prev.at) < settleWindow {
+			return false
+		}
+		c := cores(prev, now)
+		prev = now
+		for _, v := range c[:len(b.cps)] {
+			if v >= settleCores {
+				return false
+			}
+		}
+		return true
+	})
+	b.mustLive()
+	return time.Since(t0), quiet
+}
+
+// settled is a settle's outcome as printed.
+func settled(d time.Duration, quiet bool) string {
+	s := fmt.Sprintf("%.2f s", d.Seconds())
+	if !quiet {
+		s += fmt.Sprintf(" (not quiet within %v)", settleTimeout)
+	}
+	return s
+}
+
 func lastErr(c *counters) string {
 	if p := c.lastErr.Load(); p != nil {
 		return *p
@@ -350,9 +400,13 @@ type runResult struct {
 	n, registered int
 	register      time.Duration
 	cpuRegister   []float64
-	dispatch      phaseResult
-	throughput    phaseResult
-	mem           procStat
+	// settle is how long the control plane took to go quiet after the
+	// boot (see settle), quiet whether it did.
+	settle     time.Duration
+	quiet      bool
+	dispatch   phaseResult
+	throughput phaseResult
+	mem        procStat
 	// errors is every request error of the run, plus the execs of the
 	// 100/s phase never delivered.
 	errors      int64
@@ -368,6 +422,7 @@ func runSQLite(t *testing.T, cfg config, n int) *runResult {
 	r := &runResult{n: n}
 	r.register, r.registered, r.cpuRegister = b.register()
 	t.Logf("N=%d: %d registered in %v", n, r.registered, r.register.Round(time.Millisecond))
+	r.settle, r.quiet = b.settle()
 	targets := shuffled(b.f.workerIDs())
 	r.dispatch = b.run(phaseDispatch, dispatchRate, cfg.seconds, targets, drainDispatch)
 	t.Logf("N=%d: dispatch phase: %d offered, p99 %v", n, r.dispatch.w.offered, r.dispatch.st.dispatch.quantile(0.99))
@@ -387,6 +442,8 @@ func runSQLite(t *testing.T, cfg config, n int) *runResult {
 type replicaResult struct {
 	n, registered int
 	register      time.Duration
+	settle        time.Duration
+	quiet         bool
 	cross         phaseResult
 	mem           []procStat
 	errors        int64
@@ -403,6 +460,7 @@ func runReplicas(t *testing.T, cfg config, n int) *replicaResult {
 	r := &replicaResult{n: n}
 	r.register, r.registered, _ = b.register()
 	t.Logf("replicas: %d registered in %v", r.registered, r.register.Round(time.Millisecond))
+	r.settle, r.quiet = b.settle()
 	// The second half of the fleet polls B; the operator talks to A.
 	ids := b.f.workerIDs()
 	targets := shuffled(ids[n/2:])

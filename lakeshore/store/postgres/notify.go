@@ -4,15 +4,36 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"nymph/batch"
 )
 
 // wakeChannel is the one LISTEN/NOTIFY channel wake-ups travel on.
 const wakeChannel = "lakeshore_wake"
+
+// Publishing. PostgreSQL serialises every transaction that notifies (a
+// database-wide lock from its NOTIFY to the end of its commit), and a
+// replica publishes several keys per exec (the queued command, its
+// delivery, its result), so one pg_notify per key, each its own
+// transaction on a pool connection, queued them behind one another with a
+// connection held each: under load the pool went to the notifiers while
+// polls and execs waited for it. A Notifier instead publishes on a
+// connection of its own, one statement at a time: the keys that arrive
+// while one is out go together in the next (each still its own
+// notification, in order, the payload as before).
+const (
+	// publishMax bounds the keys of one statement.
+	publishMax = 256
+	// publishTimeout bounds one statement, connecting included.
+	publishTimeout = 5 * time.Second
+)
 
 // Notifier carries wake-up keys between the control-plane replicas that
 // share this database: Publish sends a NOTIFY, Listen holds a connection of
@@ -22,28 +43,145 @@ const wakeChannel = "lakeshore_wake"
 type Notifier struct {
 	db     *DB
 	origin string
+	q      *batch.Queue[*publication]
+
+	// mu guards conn, the publishing connection (nil until the first
+	// publish and after a failed one), and closed.
+	mu     sync.Mutex
+	conn   *pgx.Conn
+	closed bool
 }
 
-// Notifier returns a Notifier on the database; one per replica.
+// publication is one Publish waiting for the statement that carries it.
+type publication struct {
+	key  string
+	err  error
+	done chan struct{}
+}
+
+// Notifier returns a Notifier on the database; one per replica. Closing
+// the database closes its publishing connection.
 func (db *DB) Notifier() *Notifier {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails
-	return &Notifier{db: db, origin: hex.EncodeToString(b)}
+	n := &Notifier{db: db, origin: hex.EncodeToString(b)}
+	n.q = batch.New(publishMax, n.send)
+	db.mu.Lock()
+	db.notifiers = append(db.notifiers, n)
+	db.mu.Unlock()
+	return n
 }
 
-// Publish tells every other replica that key changed. PostgreSQL delivers a
-// NOTIFY only after the sender commits, and this one runs after the change
-// it announces committed, so a listener woken by it reads that change.
+// Publish tells every other replica that key changed, and returns once the
+// NOTIFY carrying it is sent. PostgreSQL delivers a NOTIFY only after the
+// sender commits, and this one runs after the change it announces
+// committed, so a listener woken by it reads that change.
 func (n *Notifier) Publish(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("publish wake-up %s: %w", key, err)
 	}
-	dctx, cancel := detach(ctx)
-	defer cancel()
-	if _, err := n.db.pool.Exec(dctx, `SELECT pg_notify($1, $2)`, wakeChannel, n.origin+" "+key); err != nil {
-		return fmt.Errorf("publish wake-up %s: %w", key, err)
+	p := &publication{key: key, done: make(chan struct{})}
+	n.q.Add(p)
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		// It goes out all the same, with the others of its statement.
+		return fmt.Errorf("publish wake-up %s: %w", key, ctx.Err())
+	}
+	if p.err != nil {
+		return fmt.Errorf("publish wake-up %s: %w", key, p.err)
 	}
 	return nil
+}
+
+// send publishes a batch of keys in one statement and tells their callers.
+func (n *Notifier) send(ps []*publication) {
+	keys := make([]string, 0, len(ps))
+	seen := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		// PostgreSQL folds identical notifications of one transaction
+		// into one anyway.
+		if !seen[p.key] {
+			seen[p.key] = true
+			keys = append(keys, p.key)
+		}
+	}
+	err := n.notify(keys)
+	for _, p := range ps {
+		p.err = err
+		close(p.done)
+	}
+}
+
+// notify sends keys as one notification each, in order, in one statement
+// (one transaction) on the publishing connection.
+func (n *Notifier) notify(keys []string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	conn, err := n.connection(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, `SELECT pg_notify($1, $2 || k.key) FROM unnest($3::text[]) WITH ORDINALITY AS k(key, i) ORDER BY k.i`,
+		wakeChannel, n.origin+" ", keys)
+	if err != nil {
+		// Whatever state the connection is in, the next batch starts
+		// on a fresh one.
+		n.mu.Lock()
+		if n.conn == conn {
+			n.conn = nil
+		}
+		n.mu.Unlock()
+		cctx, ccancel := context.WithTimeout(context.Background(), time.Second)
+		defer ccancel()
+		_ = conn.Close(cctx)
+		return err
+	}
+	return nil
+}
+
+// errNotifierClosed is a publish after the database was closed.
+var errNotifierClosed = errors.New("the database is closed")
+
+// connection is the publishing connection, connected if need be. Only
+// send uses it, and batch runs one send at a time.
+func (n *Notifier) connection(ctx context.Context) (*pgx.Conn, error) {
+	n.mu.Lock()
+	c, closed := n.conn, n.closed
+	n.mu.Unlock()
+	if closed {
+		return nil, errNotifierClosed
+	}
+	if c != nil {
+		return c, nil
+	}
+	c, err := pgx.ConnectConfig(ctx, n.db.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = c.Close(cctx)
+		return nil, errNotifierClosed
+	}
+	n.conn = c
+	return c, nil
+}
+
+// close closes the publishing connection; later publishes fail.
+func (n *Notifier) close() {
+	n.mu.Lock()
+	c := n.conn
+	n.conn, n.closed = nil, true
+	n.mu.Unlock()
+	if c != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	}
 }
 
 // Listen calls deliver with each key another replica publishes, until ctx is

@@ -326,4 +326,97 @@ func TestPostgres(t *testing.T) {
 			t.Fatalf("unexpected wake-up %q", <-got)
 		}
 	})
+
+	// Publishes that overlap go out together (one statement on the
+	// Notifier's own connection): every key still arrives, and the
+	// pool lends no connection to them.
+	t.Run("ConcurrentPublishesAllArrive", func(t *testing.T) {
+		dsn := srv.newDatabase(t)
+		a, b := open(t, dsn), open(t, dsn)
+		na, nb := a.Notifier(), b.Notifier()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		const keys = 300
+		got := make(chan string, keys+1)
+		done := make(chan error, 1)
+		go func() { done <- na.Listen(ctx, func(key string) { got <- key }) }()
+		if k := <-got; k != "" {
+			t.Fatalf("first delivery %q, want the empty key", k)
+		}
+		acquired := b.Pool().Stat().AcquireCount()
+		var wg sync.WaitGroup
+		errs := make(chan error, keys)
+		for i := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := nb.Publish(ctx, fmt.Sprintf("e:%d", i)); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		if n := b.Pool().Stat().AcquireCount() - acquired; n != 0 {
+			t.Fatalf("publishing took %d pool connections, want none", n)
+		}
+		seen := map[string]bool{}
+		for len(seen) < keys {
+			select {
+			case k := <-got:
+				if seen[k] {
+					t.Fatalf("key %q delivered twice", k)
+				}
+				seen[k] = true
+			case err := <-done:
+				t.Fatalf("listen ended: %v", err)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%d of %d keys arrived", len(seen), keys)
+			}
+		}
+		b.Close()
+		if err := nb.Publish(context.Background(), "e:late"); err == nil {
+			t.Fatal("a publish after the database was closed succeeded")
+		}
+	})
+
+	// The statements a transaction leaves for its commit travel with the
+	// COMMIT: when one fails, the whole transaction rolls back. An
+	// enqueue whose command id is taken fails there, after its sequence
+	// number was bumped, and leaves that number unused.
+	t.Run("AFailureAtCommitRollsBackTheTransaction", func(t *testing.T) {
+		db := open(t, srv.newDatabase(t))
+		ctx := context.Background()
+		if _, _, err := db.Hello(ctx, store.Hello{NewID: "w", Namespace: "default", MachineID: "m", Now: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		enqueue := func(id string) (store.Command, error) {
+			return db.Enqueue(ctx, store.NewCommand{ID: id, WorkerID: "w", Kind: store.KindExec, Body: []byte("{}"), Now: time.Now()}, nil)
+		}
+		if c, err := enqueue("c1"); err != nil || c.Seq != 1 {
+			t.Fatalf("first enqueue: seq %d, %v", c.Seq, err)
+		}
+		if _, err := enqueue("c1"); err == nil || !strings.Contains(err.Error(), "insert command") {
+			t.Fatalf("enqueue of a taken command id: %v, want the insert's failure", err)
+		}
+		if w, err := db.Worker(ctx, "", "w"); err != nil || w.LastSeq != 1 {
+			t.Fatalf("after the failed enqueue: last seq %d (%v), want 1", w.LastSeq, err)
+		}
+		if c, err := enqueue("c2"); err != nil || c.Seq != 2 {
+			t.Fatalf("next enqueue: seq %d, %v; want 2", c.Seq, err)
+		}
+		cmds, err := db.Take(ctx, "w", 0, 10, false, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cmds) != 2 || cmds[0].ID != "c1" || cmds[1].ID != "c2" {
+			t.Fatalf("took %+v, want c1 and c2", cmds)
+		}
+		if n := db.Pool().Stat().AcquiredConns(); n != 0 {
+			t.Fatalf("%d connections still held", n)
+		}
+	})
 }

@@ -38,9 +38,6 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 		if store.IsJob(c.Kind) {
 			// Under the worker's row lock: of two jobs racing for a
 			// single-job worker, one is refused.
-			if err := lockWorker(ctx, tx, c.WorkerID); err != nil {
-				return err
-			}
 			held, err := heldJob(ctx, tx, c.WorkerID)
 			if err != nil {
 				return err
@@ -64,17 +61,13 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 		if err != nil {
 			return fmt.Errorf("bump seq: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO commands (id, worker_id, seq, kind, body, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
-			c.ID, c.WorkerID, out.Seq, c.Kind, nonNilBytes(c.Body), ms(c.Now)); err != nil {
-			return fmt.Errorf("insert command: %w", err)
-		}
+		stmts := []Stmt{stmt("insert command", `INSERT INTO commands (id, worker_id, seq, kind, body, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+			c.ID, c.WorkerID, out.Seq, c.Kind, nonNilBytes(c.Body), ms(c.Now))}
 		if e != nil {
-			if _, err := tx.Exec(ctx, `INSERT INTO execs (id, namespace, worker_id, command_id, command, stream, state, created_at)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, e.ID, e.Namespace, c.WorkerID, c.ID, e.Command, e.Stream, operatorapi.ExecQueued, ms(c.Now)); err != nil {
-				return fmt.Errorf("insert exec: %w", err)
-			}
+			stmts = append(stmts, stmt("insert exec", `INSERT INTO execs (id, namespace, worker_id, command_id, command, stream, state, created_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, e.ID, e.Namespace, c.WorkerID, c.ID, e.Command, e.Stream, operatorapi.ExecQueued, ms(c.Now)))
 		}
-		return nil
+		return tx.execLast(ctx, stmts...)
 	})
 	if err != nil {
 		return store.Command{}, fmt.Errorf("enqueue %s: %w", c.Kind, err)
@@ -139,23 +132,20 @@ func (db *DB) Take(ctx context.Context, workerID string, after int64, limit int,
 		}
 		// Acknowledged now, they were received by the worker's current
 		// process (legacy daemons name none: '').
-		if _, err := tx.Exec(ctx, `UPDATE commands SET delivered_at = COALESCE(delivered_at, ?), acked_at = COALESCE(CAST(? AS BIGINT), acked_at),
+		stmts := []Stmt{
+			stmt("mark delivered", `UPDATE commands SET delivered_at = COALESCE(delivered_at, ?), acked_at = COALESCE(CAST(? AS BIGINT), acked_at),
 			acked_by = CASE WHEN CAST(? AS BIGINT) IS NULL THEN acked_by ELSE (SELECT w.incarnation FROM workers w WHERE w.id = commands.worker_id) END
-			WHERE worker_id = ? AND seq BETWEEN ? AND ? AND acked_at IS NULL`, ms(now), acked, acked, workerID, first, last); err != nil {
-			return fmt.Errorf("mark delivered: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `UPDATE workers SET delivered_seq = ? WHERE id = ? AND delivered_seq < ?`, last, workerID, last); err != nil {
-			return fmt.Errorf("bump delivered seq: %w", err)
+			WHERE worker_id = ? AND seq BETWEEN ? AND ? AND acked_at IS NULL`, ms(now), acked, acked, workerID, first, last),
+			stmt("bump delivered seq", `UPDATE workers SET delivered_seq = ? WHERE id = ? AND delivered_seq < ?`, last, workerID, last),
 		}
 		if ackNow {
-			if _, err := tx.Exec(ctx, `UPDATE workers SET acked_seq = ? WHERE id = ? AND acked_seq < ?`, last, workerID, last); err != nil {
-				return fmt.Errorf("bump acked seq: %w", err)
-			}
+			stmts = append(stmts, stmt("bump acked seq", `UPDATE workers SET acked_seq = ? WHERE id = ? AND acked_seq < ?`, last, workerID, last))
 		}
-		if _, err := tx.Exec(ctx, `UPDATE execs SET state = ?, started_at = ? WHERE state = ? AND command_id IN
+		stmts = append(stmts, stmt("mark execs running", `UPDATE execs SET state = ?, started_at = ? WHERE state = ? AND command_id IN
 			(SELECT id FROM commands WHERE worker_id = ? AND seq BETWEEN ? AND ? AND kind = 'exec')`,
-			operatorapi.ExecRunning, ms(now), operatorapi.ExecQueued, workerID, first, last); err != nil {
-			return fmt.Errorf("mark execs running: %w", err)
+			operatorapi.ExecRunning, ms(now), operatorapi.ExecQueued, workerID, first, last))
+		if err := tx.execLast(ctx, stmts...); err != nil {
+			return err
 		}
 		t := fromMs(ms(now))
 		for i := range out {

@@ -57,8 +57,15 @@ type Dialect struct {
 	// ctx (already derived by StatementContext), runs fn on it, commits if
 	// fn returns nil and rolls back otherwise. database/sql watches each
 	// transaction and each result in a goroutine of its own, which costs
-	// a client of a networked server more than the statements do.
+	// a client of a networked server more than the statements do. Its Tx
+	// may also pipeline (Pipeliner, pipeline.go).
 	RunTx func(ctx context.Context, opts *sql.TxOptions, fn func(Tx) error) error
+	// Pool, when set, runs the statements outside a transaction on the
+	// engine's own driver too, for the same reason as RunTx: through
+	// database/sql each also takes its pool's lock twice and watches its
+	// result in a goroutine of its own, which a replica serving
+	// thousands of daemons pays on every token, key and worker read.
+	Pool Tx
 	// Migrations are the engine's embedded migrations, all applied by the
 	// time it hands the database over; Ready checks they still are.
 	Migrations []Migration
@@ -256,8 +263,11 @@ func (db *DB) reader() querier { return querier{c: db.onPool(db.r), d: db.d} }
 func (db *DB) writer() querier { return querier{c: db.onPool(db.w), d: db.d} }
 
 // onPool runs statements straight on pool, prepared where the dialect
-// prepares them.
+// prepares them, or on the dialect's own pool.
 func (db *DB) onPool(pool *sql.DB) Tx {
+	if db.d.Pool != nil {
+		return db.d.Pool
+	}
 	if cache := db.cacheOf(pool); cache != nil {
 		return stmtPool{cache}
 	}

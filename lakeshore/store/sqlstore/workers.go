@@ -232,15 +232,14 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 		if err != nil {
 			return fmt.Errorf("update worker: %w", err)
 		}
+		var stmts []Stmt
 		if p.Cursor != nil {
-			if err := ackThrough(ctx, tx, p.WorkerID, incarnation, min(*p.Cursor, delivered), p.Now); err != nil {
-				return err
-			}
+			stmts = ackStmts(p.WorkerID, incarnation, min(*p.Cursor, delivered), p.Now)
 		}
-		_, err = tx.Exec(ctx, `UPDATE workers SET state = 'active' WHERE id = ? AND (state = 'joining' OR (state = 'setting_up'
-			AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.worker_id = workers.id AND c.kind = 'setup' AND c.acked_at IS NULL)))`, p.WorkerID)
-		if err != nil {
-			return fmt.Errorf("settle state: %w", err)
+		stmts = append(stmts, stmt("settle state", `UPDATE workers SET state = 'active' WHERE id = ? AND (state = 'joining' OR (state = 'setting_up'
+			AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.worker_id = workers.id AND c.kind = 'setup' AND c.acked_at IS NULL)))`, p.WorkerID))
+		if err := tx.execAll(ctx, stmts...); err != nil {
+			return err
 		}
 		out, err = getWorker(ctx, tx, "", p.WorkerID)
 		return err
@@ -321,17 +320,19 @@ func (db *DB) TouchWorkers(ctx context.Context, seen []store.Seen) ([]string, er
 // command not yet sent. The commands are marked received by incarnation,
 // the process that sent the cursor.
 func ackThrough(ctx context.Context, tx querier, workerID, incarnation string, c int64, now time.Time) error {
+	return tx.execAll(ctx, ackStmts(workerID, incarnation, c, now)...)
+}
+
+// ackStmts are ackThrough's statements (none for a cursor of 0).
+func ackStmts(workerID, incarnation string, c int64, now time.Time) []Stmt {
 	if c <= 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `UPDATE commands SET acked_at = ?, delivered_at = COALESCE(delivered_at, ?), acked_by = ?
-		WHERE worker_id = ? AND seq <= ? AND acked_at IS NULL`, ms(now), ms(now), incarnation, workerID, c); err != nil {
-		return fmt.Errorf("ack commands: %w", err)
+	return []Stmt{
+		stmt("ack commands", `UPDATE commands SET acked_at = ?, delivered_at = COALESCE(delivered_at, ?), acked_by = ?
+		WHERE worker_id = ? AND seq <= ? AND acked_at IS NULL`, ms(now), ms(now), incarnation, workerID, c),
+		stmt("ack seq", `UPDATE workers SET acked_seq = ? WHERE id = ? AND acked_seq < ?`, c, workerID, c),
 	}
-	if _, err := tx.Exec(ctx, `UPDATE workers SET acked_seq = ? WHERE id = ? AND acked_seq < ?`, c, workerID, c); err != nil {
-		return fmt.Errorf("ack seq: %w", err)
-	}
-	return nil
 }
 
 // DeleteWorker implements store.Workers.
@@ -438,15 +439,16 @@ func jobEnded(ctx context.Context, tx querier, workerID string, seq int64) (bool
 	return acked || execDone || runDone, nil
 }
 
-// heldJob returns the *store.SingleJobError that refuses another job for
-// a single-job worker that has its job, or nil when it may take one. The
-// caller holds the worker's row lock.
+// heldJob takes the worker's row lock and returns the
+// *store.SingleJobError that refuses another job for a single-job worker
+// that has its job, or nil when it may take one. One statement both locks
+// and reads the worker (lockWorker's round trip saved).
 func heldJob(ctx context.Context, tx querier, workerID string) (*store.SingleJobError, error) {
 	var (
 		single bool
 		jobSeq int64
 	)
-	err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ?`, workerID).Scan(&single, &jobSeq)
+	err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ?`+tx.d.ForUpdate, workerID).Scan(&single, &jobSeq)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("worker", workerID)
 	}
