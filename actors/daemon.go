@@ -243,18 +243,13 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 		Settings: s.Poll, Server: d.Server, State: dm.state, Ledger: dm.ledger, Setups: dm.fifo,
 		Log: d.Log.With().Str("actor", PollerName).Logger(), Now: d.Now, PropsOptions: o.propsOpts,
 	}
-	var journal jobparent.Journal
-	if d.Journal != nil {
-		ahead := jobparent.NewAhead(d.Journal, d.Jobs)
-		dm.pollerDeps.Journal, journal = ahead, ahead
-	}
 	dm.setupDeps = &setupqueue.Deps{
 		FIFO: dm.fifo, Runner: d.Runners["process"], Workdir: s.Workdir, Reprobe: d.Reprobe, Sink: dm.state,
 		Outcomes: d.Results, WorkerID: dm.state.WorkerID,
 		Log: d.Log.With().Str("actor", SetupName).Logger(), Jobs: d.Jobs, PropsOptions: o.propsOpts,
 	}
 	wiring := func(name string) jobparent.Wiring {
-		return jobparent.Wiring{Ledger: dm.ledger, Journal: journal, Log: d.Log.With().Str("actor", name).Logger(), Jobs: d.Jobs,
+		return jobparent.Wiring{Ledger: dm.ledger, Journal: d.Journal, Log: d.Log.With().Str("actor", name).Logger(), Jobs: d.Jobs,
 			PropsOptions: o.propsOpts, Finished: dm.system.NewLocalPID(RootName)}
 	}
 	dm.execDeps = &execs.Deps{

@@ -68,12 +68,6 @@ type Journal interface {
 	Begin(kind, id, commandID string) error
 }
 
-// forgetter is a Journal that began records ahead of the children (Ahead)
-// and is told of a job that will have none.
-type forgetter interface {
-	Forget(kind, id string)
-}
-
 // Wiring is what every job path (execs, invocations) is built with. It
 // outlives every actor instance.
 type Wiring struct {
@@ -206,9 +200,6 @@ func (p *parent) reportUnstarted(ctx actor.Context, id, reason string) {
 func (p *parent) reportWith(ctx actor.Context, id, reason string, report func(sys *actor.ActorSystem, id, reason string)) {
 	if _, ok := p.k.Ledger.Claim(p.k.Kind, id); !ok {
 		return
-	}
-	if f, ok := p.k.Journal.(forgetter); ok {
-		f.Forget(string(p.k.Kind), id)
 	}
 	sys := ctx.ActorSystem()
 	p.k.Jobs.Add(1)

@@ -84,19 +84,11 @@ type Deps struct {
 	State  *State
 	Ledger *ledger.Ledger
 	Setups Setups
-	// Journal, when set, begins each accepted job's journal record at
-	// once (jobparent.Ahead), ahead of the job's child, which waits for it.
-	Journal AheadJournal
-	Log     zerolog.Logger
+	Log    zerolog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// PropsOptions are added to the actor's props.
 	PropsOptions []actor.PropsOption
-}
-
-// AheadJournal begins a job's journal record without waiting for it.
-type AheadJournal interface {
-	Start(kind, id, commandID string)
 }
 
 // Props returns the props of the poller.
@@ -458,9 +450,6 @@ func (p *poller) acceptJob(ctx actor.Context, c messages.Command, kind ledger.Ki
 		}
 		log.Warn().Msg(noun + " already known; not run again")
 		return
-	}
-	if p.d.Journal != nil {
-		p.d.Journal.Start(string(kind), id, c.ID)
 	}
 	if p.d.singleJob() {
 		p.d.State.takeSingleJob(string(kind) + " " + id)
