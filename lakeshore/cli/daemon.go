@@ -17,22 +17,7 @@ import (
 )
 
 func (a *app) daemonCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:     "daemon",
-		Aliases: []string{"daemons"},
-		Short:   "Inspect and drive the daemons registered to the control plane",
-		Long: `Inspect and drive the nymph daemons registered to the control plane.
-
-A <daemon> argument is a label, a label prefix that matches one daemon only,
-or a worker id. When several daemons share a label, the one that is neither
-gone nor stale wins; when a name is still ambiguous the candidates are listed.
---id takes the argument as a literal worker id.`,
-		Example: `  lakeshore daemon list --watch
-  lakeshore daemon show gpu-rig
-  lakeshore daemon exec gpu-rig nvidia-smi`,
-		Args: cobra.ArbitraryArgs,
-		RunE: groupRun,
-	}
+	cmd := a.daemonGroup()
 	cmd.AddCommand(
 		a.daemonListCmd(),
 		a.daemonShowCmd(),
@@ -52,6 +37,26 @@ gone nor stale wins; when a name is still ambiguous the candidates are listed.
 		a.daemonRotateKeyCmd(), a.daemonRevokeKeyCmd(),
 	)
 	return cmd
+}
+
+// daemonGroup is the daemon command without its verbs.
+func (a *app) daemonGroup() *cobra.Command {
+	return &cobra.Command{
+		Use:     "daemon",
+		Aliases: []string{"daemons"},
+		Short:   "Inspect and drive the daemons registered to the control plane",
+		Long: `Inspect and drive the nymph daemons registered to the control plane.
+
+A <daemon> argument is a label, a label prefix that matches one daemon only,
+or a worker id. When several daemons share a label, the one that is neither
+gone nor stale wins; when a name is still ambiguous the candidates are listed.
+--id takes the argument as a literal worker id.`,
+		Example: `  lakeshore daemon list --watch
+  lakeshore daemon show gpu-rig
+  lakeshore daemon exec gpu-rig nvidia-smi`,
+		Args: cobra.ArbitraryArgs,
+		RunE: groupRun,
+	}
 }
 
 // watchFlag adds --watch [seconds] (2 when given bare).

@@ -86,7 +86,10 @@ func Main(ctx context.Context, args []string, env Env) int {
 		env.Stderr = io.Discard
 	}
 	a := &app{env: env}
-	root := a.rootCmd()
+	root := a.execTree(args)
+	if root == nil {
+		root = a.rootCmd()
+	}
 	root.SetArgs(joinWatchValue(root, args))
 	root.SetIn(env.Stdin)
 	root.SetOut(env.Stdout)
@@ -140,6 +143,93 @@ func (a *app) printErr(err error) {
 }
 
 func (a *app) rootCmd() *cobra.Command {
+	root := a.rootGroup()
+	root.AddCommand(
+		a.serveCmd(),
+		a.tokenCmd(),
+		a.daemonCmd(),
+		a.queueExecCmd(),
+		a.completionCmd(),
+		a.versionCmd(),
+		a.releaseCmd(), a.queueCmd(), a.providerCmd(),
+		a.runCmd(), a.invocationsCmd(),
+	)
+	return root
+}
+
+// execTree is the tree of a run of `daemon exec` or `exec`: that verb and
+// the groups above it. Every other command is left unbuilt, which takes a
+// start of the CLI 13 µs instead of the whole tree's 0.3 to 0.8 ms
+// (measured), in front of every remote command. It is nil for any other
+// run, which gets the whole tree (help, completion, suggestions for a
+// mistyped verb). The verbs are told by the names of the commands
+// themselves, built first.
+func (a *app) execTree(args []string) *cobra.Command {
+	verbs := leadingVerbs(args, 2)
+	if len(verbs) == 0 {
+		return nil
+	}
+	root := a.rootGroup()
+	if group := a.daemonGroup(); isNamed(group, verbs[0]) {
+		if len(verbs) < 2 {
+			return nil
+		}
+		exec := a.daemonExecCmd()
+		if !isNamed(exec, verbs[1]) {
+			return nil
+		}
+		group.AddCommand(exec)
+		root.AddCommand(group)
+		return root
+	}
+	if exec := a.queueExecCmd(); isNamed(exec, verbs[0]) {
+		root.AddCommand(exec)
+		return root
+	}
+	return nil
+}
+
+func isNamed(cmd *cobra.Command, name string) bool {
+	return cmd.Name() == name || cmd.HasAlias(name)
+}
+
+// rootTakesValue reports whether flag is one of the root's flags that
+// take a value in the next argument.
+func rootTakesValue(flag string) bool {
+	switch flag {
+	case "--server", "--admin-token", "--namespace", "-n", "--ca-file":
+		return true
+	}
+	return false
+}
+
+// leadingVerbs returns up to n words of args that name commands: the
+// words before the first flag that is not the root's, skipping the root's
+// flags and their values. A help flag or a "--" among them ends the list
+// empty, as the whole tree answers those.
+func leadingVerbs(args []string, n int) []string {
+	var verbs []string
+	for i := 0; i < len(args) && len(verbs) < n; i++ {
+		arg := args[i]
+		name, _, hasValue := strings.Cut(arg, "=")
+		switch {
+		case arg == "--" || arg == "-h" || arg == "--help":
+			return nil
+		case rootTakesValue(arg):
+			i++
+		case strings.HasPrefix(arg, "-") && hasValue && rootTakesValue(name):
+		case strings.HasPrefix(arg, "-"):
+			// A verb's own flag: the verbs end here.
+			return verbs
+		default:
+			verbs = append(verbs, arg)
+		}
+	}
+	return verbs
+}
+
+// rootGroup is the root command without its verbs.
+func (a *app) rootGroup() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "lakeshore",
 		Short: "Control plane and operator CLI for a fleet of nymph daemons",
@@ -172,17 +262,6 @@ else ~/.config/lakeshore/credentials.json), so no flag is needed there.
 	pf.StringVar(&a.adminToken, "admin-token", "", "admin token (default $"+EnvAdminToken+", else the credentials file)")
 	pf.StringVarP(&a.namespace, "namespace", "n", "", `namespace (default $`+EnvNamespace+`, else "default")`)
 	pf.StringVar(&a.caFile, "ca-file", "", "PEM file of CA certificates to trust for an https control plane (default $"+EnvCAFile+")")
-
-	root.AddCommand(
-		a.serveCmd(),
-		a.tokenCmd(),
-		a.daemonCmd(),
-		a.queueExecCmd(),
-		a.completionCmd(),
-		a.versionCmd(),
-		a.releaseCmd(), a.queueCmd(), a.providerCmd(),
-		a.runCmd(), a.invocationsCmd(),
-	)
 	return root
 }
 

@@ -73,6 +73,15 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 		return
 	}
 	newExec := &store.NewExec{ID: id, Namespace: wk.Namespace, Command: req.Command, Stream: req.Stream}
+	// A waiting submission subscribes before the exec exists: whatever
+	// happens to it after the enqueue wakes the wait, so the wait needs
+	// no first look at an exec it knows is queued and silent.
+	var first *subscription
+	if wait > 0 {
+		woken, release := s.wake.subscribe(execKey(id))
+		first = &subscription{woken: woken, release: release}
+		defer release()
+	}
 	_, err = s.enqueue(r, wk, messages.KindExec, body, newExec, nil)
 	for skip := map[string]bool{}; repick != nil; {
 		var taken *singleJobConflict
@@ -112,7 +121,7 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 	if err := http.NewResponseController(w).Flush(); err != nil {
 		s.log.Warn().Err(err).Str("exec_id", id).Msg("cannot flush the accepted exec before waiting")
 	}
-	e, err := s.awaitExec(r, wk.Namespace, id, wait, 0, true)
+	e, err := s.awaitExecFrom(r, wk.Namespace, id, wait, 0, true, first)
 	if err != nil {
 		return // the client carries on with RouteGetExec
 	}
@@ -280,9 +289,32 @@ func (s *Server) handleGetExec(w http.ResponseWriter, r *http.Request) {
 // has passed (or the server is closing), or, unless onlyNews, anything
 // about it changed. An exec of another namespace is not found.
 func (s *Server) awaitExec(r *http.Request, ns, id string, wait time.Duration, offset int64, onlyNews bool) (store.Exec, error) {
+	return s.awaitExecFrom(r, ns, id, wait, offset, onlyNews, nil)
+}
+
+// subscription is a wake-up channel taken before the exec's state it
+// guards was read.
+type subscription struct {
+	woken   <-chan struct{}
+	release func()
+}
+
+// awaitExecFrom is awaitExec whose first read waits for the first news on
+// first, a subscription taken when the exec was known to be queued with
+// no output (nil: read at once).
+func (s *Server) awaitExecFrom(r *http.Request, ns, id string, wait time.Duration, offset int64, onlyNews bool, first *subscription) (store.Exec, error) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	waited, timedOut := false, false
+	if first != nil && wait > 0 {
+		switch s.park(r.Context(), execKey(id), first.woken, first.release, timer.C) {
+		case parkOver:
+			timedOut = true
+		case parkGone:
+			return store.Exec{}, r.Context().Err()
+		}
+		waited = true
+	}
 	for {
 		woken, release := s.wake.subscribe(execKey(id))
 		e, err := s.st.Exec(r.Context(), id)
