@@ -228,6 +228,10 @@ func (s *Server) apply(key string) {
 		// (a hello enrolls, a removal takes them away).
 		s.presence.invalidate(id)
 		s.caches.dropWorkerKeys(id)
+	case "q":
+		s.presence.queued(id)
+	case "c":
+		s.presence.claimable(id)
 	case "t":
 		s.caches.dropToken(id)
 	case "k":
@@ -260,6 +264,34 @@ func (s *Server) forget(workerID string) {
 	s.apply(workerKey(workerID))
 	s.presence.drop(workerID)
 	s.wake.broadcast(workerKey(workerID))
+}
+
+// due says, here and on the other replicas, that the worker has work:
+// a command queued for it (queued) or an invocation it may now claim
+// (claim). Its memo holds but for that, and its parked poll wakes. The
+// other replicas hear the narrow "q:"/"c:" key, not the worker's "w:",
+// which would throw their whole memo of it away and cost the woken poll a
+// full look.
+func (s *Server) due(workerID string, claim bool) {
+	key := "q:" + workerID
+	if claim {
+		s.presence.claimable(workerID)
+		key = "c:" + workerID
+	} else {
+		s.presence.queued(workerID)
+	}
+	s.wake.deliver(workerKey(workerID))
+	s.wake.publishOnly(key)
+}
+
+// wakeKey is the waiter key a delivered announcement wakes: a due one
+// wakes its worker's poll.
+func wakeKey(key string) string {
+	kind, id, _ := strings.Cut(key, ":")
+	if kind == "q" || kind == "c" {
+		return workerKey(id)
+	}
+	return key
 }
 
 func tokenAnnouncement(id string) string      { return "t:" + id }

@@ -71,8 +71,7 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, p daemonPrinc
 		s.wake.broadcast(invocationKey(inv.ID))
 		// A finished run frees a slot: a parked poll of its worker may now
 		// claim more.
-		s.presence.claimable(inv.WorkerID)
-		s.wake.broadcast(workerKey(inv.WorkerID))
+		s.due(inv.WorkerID, true)
 	}
 	s.log.Info().Str("invocation_id", ack.InvocationID).Str("worker_id", ack.WorkerID).Str("state", ack.State).
 		Str("stored_state", inv.State).Bool("duplicate", !applied).Msg("invocation acknowledged")

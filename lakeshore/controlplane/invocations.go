@@ -318,8 +318,7 @@ func (s *Server) wakeEligible(ctx context.Context, ns, queue, runner string, now
 	for _, w := range all {
 		if s.canTake(w, queue, runner, now) {
 			n++
-			s.presence.claimable(w.ID)
-			s.wake.broadcast(workerKey(w.ID))
+			s.due(w.ID, true)
 		}
 	}
 	return n

@@ -45,7 +45,7 @@ func (s *Server) delivered(key string) {
 		s.caches.setLive(true)
 	}
 	s.apply(key)
-	s.wake.deliver(key)
+	s.wake.deliver(wakeKey(key))
 }
 
 // startNotifier makes every broadcast reach the other replicas through n

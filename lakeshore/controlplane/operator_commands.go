@@ -33,8 +33,7 @@ func (s *Server) enqueue(r *http.Request, wk store.Worker, kind string, body any
 		s.log.Error().Err(err).Str("worker_id", wk.ID).Str("kind", kind).Msg("enqueue")
 		return store.Command{}, err
 	}
-	s.presence.queued(wk.ID)
-	s.wake.broadcast(workerKey(wk.ID))
+	s.due(wk.ID, false)
 	ev := s.log.Info().Str("worker_id", wk.ID).Str("command_id", c.ID).Str("kind", kind).Int64("seq", c.Seq)
 	if exec != nil {
 		ev = ev.Str("exec_id", exec.ID)

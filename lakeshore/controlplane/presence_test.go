@@ -283,6 +283,11 @@ func TestReplicasDropWhatChangedElsewhere(t *testing.T) {
 	if p := decodeMP[messages.PollResponse](t, r); len(p.Commands) != 1 {
 		t.Fatalf("A's poll after an exec queued through B answered %v", commandsOf(p))
 	}
+	// B said only that a command is queued: A's memo holds but for the
+	// take, as when the exec is queued through A itself.
+	if calls := cs.take(); !strings.Contains(calls, "Take") || strings.Contains(calls, "RecordPoll") || strings.Contains(calls, "Claim") {
+		t.Fatalf("A handing over an exec queued through B called %q: want a Take, no RecordPoll, no claim", calls)
+	}
 	cur = *decodeMP[messages.PollResponse](t, r).Cursor
 	poll()
 
