@@ -289,13 +289,21 @@ func (s *Server) parkConn(lot *parkingLot, w http.ResponseWriter, r *http.Reques
 		sw.parked = true
 		pp.start = sw.start
 	}
-	if r.Context().Err() != nil || pp.raw == nil || !lot.add(pp) {
+	switch {
+	case r.Context().Err() != nil:
 		// The daemon went away as the poll parked (net/http's
-		// background read saw it), or the server is draining.
+		// background read saw it): answer nothing.
 		release()
 		ps.timer.Stop()
 		_ = conn.Close()
 		s.inflight.leave()
+		return true
+	case !lot.add(pp):
+		// Serve is done and drains: the poll answers at once, as
+		// every poll does once the server closes.
+		release()
+		ps.timer.Stop()
+		s.answerParked(context.Background(), pp)
 		return true
 	}
 	s.parkings.Add(1)
