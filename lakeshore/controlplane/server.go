@@ -327,8 +327,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.stopWaiting()
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
+		// The parked connections end beside net/http's own: those
+		// idle at once, the others once answered.
+		drained := make(chan struct{})
+		go func() {
+			lot.drain(sctx)
+			close(drained)
+		}()
 		err := srv.Shutdown(sctx)
-		lot.drain(sctx)
+		<-drained
 		done <- err
 	}()
 	s.log.Info().Str("addr", ln.Addr().String()).Str("public_url", s.currentPublicURL("")).Msg("control plane listening")
