@@ -44,8 +44,8 @@ var invocationChecks = []check{
 // takes) and endPoll (the answer). Most of the 10,000 polls of a fleet
 // are in the wait at any moment, for up to 20 s each, so what the wait
 // keeps alive is what a fleet costs: over HTTP/1.1 from Serve, the poll
-// gives its connection up to net/http and waits in a goroutine of its own
-// (parked.go), which keeps only the connection and the pollState; the
+// takes its connection from net/http and waits in goroutines of its own
+// (parked.go), which keep only the connection and the pollState; the
 // handler's goroutine, its buffers and the request are gone. Otherwise
 // (HTTP/2, a Handler served by someone else) it waits in the handler.
 // Either way the frames that park are small (what the poll carries lives

@@ -20,16 +20,20 @@ import (
 // connection from net/http (a hijack) and lets the handler return, so
 // that while it waits the connection goroutine, its stack, its buffered
 // reader and writer and the request are gone; what is left is the
-// connection, the pollState, a timer and one small goroutine parked on
-// the wake-up channel. The answer is written by hand, exactly what the
+// connection, the pollState, a timer and two goroutines with the smallest
+// stacks, one parked on the wake-up channel, one on the socket. The
+// answer is written by hand, exactly what the
 // handler would have written, and the connection goes back to the
 // http.Server through the listener it accepts from (parkingLot), so the
 // daemon's keep-alive connection goes on serving its next poll.
 //
 // What net/http did for a waiting handler is done here in its place:
 //
-//   - It noticed a daemon that went away (its background read). A parked
-//     poll looks at its socket, without reading from it, right before it
+//   - It noticed a daemon that went away (its background read), which the
+//     daemon's poller does on purpose whenever a run ends. A parked poll
+//     waits on its socket too, without reading from it, and ends when it
+//     closes: its connection and per-address slot do not linger until a
+//     wake or the timeout. It also looks at the socket right before it
 //     claims or takes anything: a legacy daemon (a null cursor)
 //     acknowledges a command by receiving it, so one taken for a closed
 //     connection would be lost. Closed, the poll takes nothing and is
@@ -325,28 +329,36 @@ func statusWriterOf(w http.ResponseWriter) *statusWriter {
 	}
 }
 
-// waitParked is a parked poll's wait: the handler's, but for a look at the
-// socket before each look for work, and the answer written by hand.
+// waitParked is a parked poll's wait: the handler's, but for the watch on
+// the socket (net/http's background read did it: a daemon that goes away
+// is noticed at once, its connection closed and its per-address slot
+// given back) and the answer written by hand.
 func (s *Server) waitParked(pp *parkedPoll, woken <-chan struct{}, release func()) {
 	defer s.recoverParked(pp)
 	// Nothing cancels a parked poll's store calls but their own bounds:
 	// the request's context is gone with the request.
 	ctx := context.Background()
 	ps := pp.ps
-	if pp.chatty {
-		// It did not wait for this answer: it gets one at once.
-		release()
-	}
+	stirred, stopWatch := watchSocket(pp)
 	for !pp.chatty {
-		if s.park(ctx, workerKey(ps.view.id), woken, release, ps.timer.C) == parkOver {
+		end := s.parkSocket(workerKey(ps.view.id), woken, release, ps.timer.C, stirred)
+		if end == parkOver {
 			break
 		}
+		// Right before it may take: a legacy daemon's command taken
+		// for a closed connection would be lost.
 		switch peekSocket(pp.raw) {
 		case socketGone:
+			stopWatch()
 			ps.logger().Debug().Msg("poll abandoned by the daemon while parked; nothing taken")
 			s.dropParked(pp)
 			return
 		case socketData:
+			pp.chatty = true
+			continue
+		}
+		if end == parkGone {
+			// Stirred, but nothing there: not a socket to trust.
 			pp.chatty = true
 			continue
 		}
@@ -355,8 +367,53 @@ func (s *Server) waitParked(pp *parkedPoll, woken <-chan struct{}, release func(
 			break
 		}
 	}
+	if pp.chatty {
+		release()
+	}
+	stopWatch()
 	ps.timer.Stop()
 	s.answerParked(ctx, pp)
+}
+
+// parkSocket is park for a parked poll: it also ends (parkGone) when the
+// socket stirs.
+func (s *Server) parkSocket(key string, woken <-chan struct{}, release func(), timeout <-chan time.Time, stirred <-chan struct{}) parkEnd {
+	defer release()
+	if s.parked != nil {
+		s.parked(key)
+	}
+	select {
+	case <-woken:
+		return parkWoken
+	case <-timeout:
+		return parkOver
+	case <-s.closing:
+		return parkOver
+	case <-stirred:
+		return parkGone
+	}
+}
+
+// watchSocket waits, in a goroutine of its own with the smallest stack,
+// until pp's socket has something to read or is closed, and then closes
+// stirred; stop ends the watch, and returns once it has ended, so the
+// connection is the caller's alone again.
+func watchSocket(pp *parkedPoll) (stirred <-chan struct{}, stop func()) {
+	ch, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		waitReadable(pp.raw)
+		close(ch)
+	}()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			// A deadline passed ends the wait at once.
+			_ = pp.conn.SetReadDeadline(time.Unix(1, 0))
+			<-ended
+			_ = pp.conn.SetReadDeadline(time.Time{})
+		})
+	}
 }
 
 // answerParked writes a parked poll's answer and hands its connection

@@ -323,3 +323,33 @@ func TestParkedConnectionIdlesOutAfterItsAnswer(t *testing.T) {
 		t.Fatalf("the idle connection got %q", rest)
 	}
 }
+
+// A daemon that goes away while its poll is parked is noticed at once, as
+// net/http's background read noticed it, and its connection closed: not
+// at a wake, nor at the end of the poll's hour.
+func TestParkedConnectionClosedByTheDaemonIsNoticedAtOnce(t *testing.T) {
+	logs := &lockedBuffer{}
+	e, addr, _ := newServedEnv(t, func(c *Config) { c.Logger = zerolog.New(logs).Level(zerolog.DebugLevel) })
+	e.srv.pollCap = time.Hour
+	parked := make(chan string, 8)
+	e.srv.parked = func(k string) { parked <- k }
+	hr := decodeMP[messages.HelloResponse](t, doCtx(t, context.Background(), http.MethodPost, e.url+"/v1/daemon/hello",
+		messages.ContentType, testDaemon, mustMarshal(t, helloReq("m", "l"))))
+	c := dialFrom(t, "", addr)
+	body := mustMarshal(t, &messages.PollRequest{WorkerID: *hr.WorkerID, TimeoutS: 3600, Cursor: hr.Cursor})
+	c.send(head(http.MethodPost, "/v1/daemon/poll", testDaemon, messages.ContentType, len(body)) + string(body))
+	select {
+	case <-parked:
+	case <-time.After(answerWithin):
+		t.Fatal("the poll did not park")
+	}
+	if n := e.srv.parkings.Load(); n != 1 {
+		t.Fatalf("parked connections %d, want 1", n)
+	}
+	if err := c.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, answerWithin, "the parked poll to notice its daemon left", func() bool {
+		return strings.Contains(logs.String(), "poll abandoned by the daemon while parked")
+	})
+}

@@ -12,12 +12,13 @@ import (
 // canPeek: a socket can be looked at without being read (MSG_PEEK).
 const canPeek = true
 
-// peekSocket looks at a socket without reading from it or waiting.
+// peekSocket looks at a socket without reading from it or waiting. It
+// does not take the connection's read lock (Control, not Read), so it may
+// look while watchSocket waits on the socket.
 func peekSocket(rc syscall.RawConn) socketState {
 	st := socketGone
-	err := rc.Read(func(fd uintptr) bool {
+	err := rc.Control(func(fd uintptr) {
 		st = peekFD(fd)
-		return true
 	})
 	if err != nil {
 		return socketGone
