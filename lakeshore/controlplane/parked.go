@@ -307,7 +307,7 @@ func (s *Server) parkConn(lot *parkingLot, w http.ResponseWriter, r *http.Reques
 		// every poll does once the server closes.
 		release()
 		ps.timer.Stop()
-		s.answerParked(context.Background(), pp)
+		s.answerParked(context.Background(), pp, func() {})
 		return true
 	}
 	s.parkings.Add(1)
@@ -370,9 +370,8 @@ func (s *Server) waitParked(pp *parkedPoll, woken <-chan struct{}, release func(
 	if pp.chatty {
 		release()
 	}
-	stopWatch()
 	ps.timer.Stop()
-	s.answerParked(ctx, pp)
+	s.answerParked(ctx, pp, stopWatch)
 }
 
 // parkSocket is park for a parked poll: it also ends (parkGone) when the
@@ -417,17 +416,21 @@ func watchSocket(pp *parkedPoll) (stirred <-chan struct{}, stop func()) {
 }
 
 // answerParked writes a parked poll's answer and hands its connection
-// back, or closes it.
-func (s *Server) answerParked(ctx context.Context, pp *parkedPoll) {
+// back, or closes it. stopWatch ends the watch on the socket: after the
+// answer, which it does not delay.
+func (s *Server) answerParked(ctx context.Context, pp *parkedPoll, stopWatch func()) {
 	pw := &parkedWriter{header: pp.header}
 	s.endPoll(ctx, pw, pp.ps)
 	s.leaveParked(pp)
 	if pw.status == 0 {
+		stopWatch()
 		s.dropParked(pp)
 		return
 	}
 	keep := !pp.chatty && !s.isClosing()
-	if err := s.writeParked(pp, pw, keep); err != nil || !keep {
+	err := s.writeParked(pp, pw, keep)
+	stopWatch()
+	if err != nil || !keep {
 		if err != nil {
 			pp.ps.logger().Debug().Err(err).Msg("poll answer not delivered: the connection failed")
 		}
