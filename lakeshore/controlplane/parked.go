@@ -231,6 +231,10 @@ type parkedPoll struct {
 	answered bool
 	// idle: answered, waiting for the daemon's next request.
 	idle atomic.Bool
+	// stirred is closed once the socket watch (watchSocket) ended, sock
+	// then saying what it found.
+	stirred chan struct{}
+	sock    socketState
 	// left: the in-flight slot the poll held is given back.
 	left bool
 }
@@ -307,7 +311,7 @@ func (s *Server) parkConn(lot *parkingLot, w http.ResponseWriter, r *http.Reques
 		// every poll does once the server closes.
 		release()
 		ps.timer.Stop()
-		s.answerParked(context.Background(), pp, func() {})
+		s.answerParked(context.Background(), pp)
 		return true
 	}
 	s.parkings.Add(1)
@@ -339,17 +343,22 @@ func (s *Server) waitParked(pp *parkedPoll, woken <-chan struct{}, release func(
 	// the request's context is gone with the request.
 	ctx := context.Background()
 	ps := pp.ps
-	stirred, stopWatch := watchSocket(pp)
+	watchSocket(pp)
 	for !pp.chatty {
-		end := s.parkSocket(workerKey(ps.view.id), woken, release, ps.timer.C, stirred)
+		end := s.parkSocket(workerKey(ps.view.id), woken, release, ps.timer.C, pp.stirred)
 		if end == parkOver {
 			break
 		}
-		// Right before it may take: a legacy daemon's command taken
-		// for a closed connection would be lost.
-		switch peekSocket(pp.raw) {
+		var st socketState
+		if end == parkWoken {
+			// Right before it may take: a legacy daemon's command
+			// taken for a closed connection would be lost.
+			st = peekSocket(pp.raw)
+		} else {
+			st = pp.sock // stirred: the watch is over
+		}
+		switch st {
 		case socketGone:
-			stopWatch()
 			ps.logger().Debug().Msg("poll abandoned by the daemon while parked; nothing taken")
 			s.dropParked(pp)
 			return
@@ -358,7 +367,7 @@ func (s *Server) waitParked(pp *parkedPoll, woken <-chan struct{}, release func(
 			continue
 		}
 		if end == parkGone {
-			// Stirred, but nothing there: not a socket to trust.
+			// Stirred, but nothing to read: not a socket to trust.
 			pp.chatty = true
 			continue
 		}
@@ -371,7 +380,7 @@ func (s *Server) waitParked(pp *parkedPoll, woken <-chan struct{}, release func(
 		release()
 	}
 	ps.timer.Stop()
-	s.answerParked(ctx, pp, stopWatch)
+	s.answerParked(ctx, pp)
 }
 
 // parkSocket is park for a parked poll: it also ends (parkGone) when the
@@ -394,43 +403,30 @@ func (s *Server) parkSocket(key string, woken <-chan struct{}, release func(), t
 }
 
 // watchSocket waits, in a goroutine of its own with the smallest stack,
-// until pp's socket has something to read or is closed, and then closes
-// stirred; stop ends the watch, and returns once it has ended, so the
-// connection is the caller's alone again.
-func watchSocket(pp *parkedPoll) (stirred <-chan struct{}, stop func()) {
-	ch, ended := make(chan struct{}), make(chan struct{})
+// until pp's socket has something to read, is closed or passes its read
+// deadline, notes which in pp.sock and closes pp.stirred. While the poll
+// waits that is the daemon going away (or talking out of turn); once it
+// is answered, the daemon's next request arriving.
+func watchSocket(pp *parkedPoll) {
+	pp.stirred = make(chan struct{})
 	go func() {
-		defer close(ended)
-		waitReadable(pp.raw)
-		close(ch)
+		pp.sock = waitReadable(pp.raw)
+		close(pp.stirred)
 	}()
-	var once sync.Once
-	return ch, func() {
-		once.Do(func() {
-			// A deadline passed ends the wait at once.
-			_ = pp.conn.SetReadDeadline(time.Unix(1, 0))
-			<-ended
-			_ = pp.conn.SetReadDeadline(time.Time{})
-		})
-	}
 }
 
 // answerParked writes a parked poll's answer and hands its connection
-// back, or closes it. stopWatch ends the watch on the socket: after the
-// answer, which it does not delay.
-func (s *Server) answerParked(ctx context.Context, pp *parkedPoll, stopWatch func()) {
+// back, or closes it.
+func (s *Server) answerParked(ctx context.Context, pp *parkedPoll) {
 	pw := &parkedWriter{header: pp.header}
 	s.endPoll(ctx, pw, pp.ps)
 	s.leaveParked(pp)
 	if pw.status == 0 {
-		stopWatch()
 		s.dropParked(pp)
 		return
 	}
 	keep := !pp.chatty && !s.isClosing()
-	err := s.writeParked(pp, pw, keep)
-	stopWatch()
-	if err != nil || !keep {
+	if err := s.writeParked(pp, pw, keep); err != nil || !keep {
 		if err != nil {
 			pp.ps.logger().Debug().Err(err).Msg("poll answer not delivered: the connection failed")
 		}
@@ -452,18 +448,19 @@ func (s *Server) writeParked(pp *parkedPoll, pw *parkedWriter, keep bool) error 
 }
 
 // handBackParked waits, as net/http does for a kept-alive connection, up
-// to IdleTimeout for the daemon's next request to start arriving, and
-// then hands the connection back to the http.Server.
+// to IdleTimeout for the daemon's next request to start arriving (the
+// socket watch goes on), and then hands the connection back to the
+// http.Server.
 func (s *Server) handBackParked(pp *parkedPoll) {
 	pp.idle.Store(true)
-	if s.isClosing() {
+	if s.isClosing() || pp.stirred == nil {
 		s.dropParked(pp)
 		return
 	}
 	_ = pp.conn.SetReadDeadline(time.Now().Add(pp.lot.idleTimeout))
-	st := waitReadable(pp.raw)
+	<-pp.stirred
 	_ = pp.conn.SetReadDeadline(time.Time{})
-	if st != socketData {
+	if pp.sock != socketData {
 		s.dropParked(pp)
 		return
 	}
