@@ -99,6 +99,9 @@ type countedConn struct {
 	release func()
 }
 
+// NetConn is the connection counted (a parked poll looks at its socket).
+func (c *countedConn) NetConn() net.Conn { return c.Conn }
+
 func (c *countedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)

@@ -39,21 +39,94 @@ var invocationChecks = []check{
 	{path: "stdout_tail", kind: kString},
 }
 
-// A poll is served in three steps, the middle one parked for up to 20 s
-// on each of 10,000 connections: its frame is kept small (what the poll
-// carries lives in a pollState on the heap), so a parked goroutine's stack
-// fits in the runtime's smaller sizes. beginPoll and endPoll, which
-// decode, read and write, run in frames of their own that are gone by
-// the time the poll parks.
+// A poll is served in three steps: beginPoll (decode, record), the wait
+// (lookPoll, then park until woken or the time is up, as often as it
+// takes) and endPoll (the answer). Most of the 10,000 polls of a fleet
+// are in the wait at any moment, for up to 20 s each, so what the wait
+// keeps alive is what a fleet costs: over HTTP/1.1 from Serve, the poll
+// takes its connection from net/http and waits in goroutines of its own
+// (parked.go), which keep only the connection and the pollState; the
+// handler's goroutine, its buffers and the request are gone. Otherwise
+// (HTTP/2, a Handler served by someone else) it waits in the handler.
+// Either way the frames that park are small (what the poll carries lives
+// in the pollState on the heap), and beginPoll, lookDue and endPoll, which
+// decode, read and write, run in frames of their own that are gone by the
+// time the poll parks.
 func (s *Server) handlePoll(w http.ResponseWriter, r *http.Request, _ daemonPrincipal) {
 	ps := s.beginPoll(w, r)
 	if ps == nil {
 		return
 	}
-	if !s.waitPoll(r.Context(), ps) {
-		return // the daemon went away
+	ps.timer = time.NewTimer(ps.timeout)
+	var handoff func(woken <-chan struct{}, release func()) bool
+	if lot := parkingFor(r); lot != nil && ps.timeout > 0 {
+		handoff = func(woken <-chan struct{}, release func()) bool {
+			return s.parkConn(lot, w, r, ps, woken, release)
+		}
 	}
-	s.endPoll(w, r, ps)
+	switch s.waitPoll(r.Context(), ps, handoff) {
+	case waitGone, waitParked:
+		return
+	}
+	ps.timer.Stop()
+	s.endPoll(r.Context(), w, ps)
+}
+
+// How waitPoll ended.
+type waitEnd int
+
+const (
+	waitAnswer waitEnd = iota // answer with what the pollState holds
+	waitGone                  // the daemon went away: answer nothing
+	waitParked                // the connection was parked: answered from there
+)
+
+// waitPoll looks for what the worker is due and parks until something is,
+// or the poll's time is up. handoff, when set, is offered the wait the
+// first time it would park; once it takes it, the wait goes on elsewhere.
+func (s *Server) waitPoll(ctx context.Context, ps *pollState, handoff func(woken <-chan struct{}, release func()) bool) waitEnd {
+	for {
+		woken, release, due := s.lookPoll(ctx, ps)
+		if due {
+			return waitAnswer
+		}
+		if handoff != nil {
+			if handoff(woken, release) {
+				return waitParked
+			}
+			handoff = nil
+		}
+		switch s.park(ctx, workerKey(ps.view.id), woken, release, ps.timer.C) {
+		case parkGone:
+			ps.timer.Stop()
+			return waitGone
+		case parkOver:
+			return waitAnswer
+		}
+	}
+}
+
+// lookPoll subscribes to the worker's wake-ups, then looks for what it is
+// due: true when the poll is to answer now; otherwise the subscription to
+// park on. A watch poll (a hibernating daemon's) looks only for a wake
+// until one is queued, then as any poll does.
+func (s *Server) lookPoll(ctx context.Context, ps *pollState) (<-chan struct{}, func(), bool) {
+	woken, release := s.wake.subscribe(workerKey(ps.view.id))
+	if ps.watch {
+		if !s.wakeQueued(ctx, ps) {
+			return woken, release, false
+		}
+		ps.watch = false
+	}
+	if s.lookDue(ctx, ps, ps.first) {
+		release()
+		return nil, nil, true
+	}
+	if ps.first {
+		// What only the first look needs: the worker RecordPoll read.
+		ps.first, ps.wk = false, nil
+	}
+	return woken, release, false
 }
 
 // pollState is one poll between its steps.
@@ -72,8 +145,10 @@ type pollState struct {
 	known    bool // running is what the store said
 	after    int64
 	legacy   bool
-	watch    bool // a hibernating daemon's watch poll
+	watch    bool // a hibernating daemon's watch poll, until a wake is queued
+	first    bool // no look yet
 	timeout  time.Duration
+	timer    *time.Timer // the end of the wait
 	now      time.Time
 
 	cmds []store.Command
@@ -102,7 +177,7 @@ func (s *Server) beginPoll(w http.ResponseWriter, r *http.Request) *pollState {
 		writeDaemonError(w, err)
 		return nil
 	}
-	ps := &pollState{base: &s.log, now: s.now(),
+	ps := &pollState{base: &s.log, now: s.now(), first: true,
 		legacy: cursor == nil, watch: req.Hibernating, timeout: s.pollWait(req.TimeoutS)}
 	ps.workerID = req.WorkerID
 	view, gen, kind := s.presence.look(req.WorkerID, req.Queue, cursor, len(req.Invocations) > 0, req.UpdatedCapabilities != nil, ps.now)
@@ -159,37 +234,6 @@ func (s *Server) beginPoll(w http.ResponseWriter, r *http.Request) *pollState {
 	return ps
 }
 
-// waitPoll looks for what the worker is due (claims, commands) and parks
-// until something is, or the poll's time is up; false when the daemon
-// went away.
-func (s *Server) waitPoll(ctx context.Context, ps *pollState) bool {
-	timer := time.NewTimer(ps.timeout)
-	defer timer.Stop()
-	if ps.watch {
-		// A watch poll: the daemon sleeps through its hibernation, and
-		// is answered with commands only once a wake is queued.
-		switch s.watchForWake(ctx, ps.view.id, ps.after, timer.C, *ps.logger()) {
-		case parkGone:
-			return false
-		case parkOver:
-			return true
-		}
-	}
-	for first := true; ; first = false {
-		woken, release := s.wake.subscribe(workerKey(ps.view.id))
-		if s.lookDue(ctx, ps, first) {
-			release()
-			return true
-		}
-		switch s.park(ctx, workerKey(ps.view.id), woken, release, timer.C) {
-		case parkGone:
-			return false
-		case parkOver:
-			return true
-		}
-	}
-}
-
 // lookDue claims and takes what the worker is due; true when the poll is
 // to answer now (commands, or an error).
 //
@@ -231,14 +275,14 @@ func (s *Server) lookDue(ctx context.Context, ps *pollState, first bool) bool {
 // endPoll answers the poll with what it found.
 //
 //go:noinline
-func (s *Server) endPoll(w http.ResponseWriter, r *http.Request, ps *pollState) {
+func (s *Server) endPoll(ctx context.Context, w http.ResponseWriter, ps *pollState) {
 	if err := ps.err; err != nil {
 		if isNotFound(err) {
 			s.presence.drop(ps.view.id)
 			writeDaemonError(w, errUnknownWorker)
 			return
 		}
-		if r.Context().Err() != nil {
+		if ctx.Err() != nil {
 			// The daemon abandoned this poll (a wake signal): routine.
 			ps.logger().Debug().Err(err).Msg("poll abandoned by the daemon")
 			return
@@ -250,7 +294,7 @@ func (s *Server) endPoll(w http.ResponseWriter, r *http.Request, ps *pollState) 
 	if len(ps.cmds) > 0 {
 		s.presence.delivered(ps.view.id, ps.deliveredGen, ps.cmds, ps.legacy)
 	}
-	s.writePollResponse(w, r, ps.view, ps.after, ps.cmds, ps.legacy, *ps.logger())
+	s.writePollResponse(ctx, w, ps.view, ps.after, ps.cmds, ps.legacy, *ps.logger())
 }
 
 // pollWait is how long a poll that finds nothing waits: what the daemon
@@ -266,7 +310,7 @@ func (s *Server) pollWait(timeoutS float64) time.Duration {
 }
 
 // writePollResponse answers a poll with cmds and the cursor past them.
-func (s *Server) writePollResponse(w http.ResponseWriter, r *http.Request, wk pollView, after int64, cmds []store.Command, legacy bool, log zerolog.Logger) {
+func (s *Server) writePollResponse(ctx context.Context, w http.ResponseWriter, wk pollView, after int64, cmds []store.Command, legacy bool, log zerolog.Logger) {
 	next := max(after, wk.ackedSeq)
 	resp := &messages.PollResponse{Commands: make([]messages.Command, 0, len(cmds))}
 	for _, c := range cmds {
@@ -281,39 +325,26 @@ func (s *Server) writePollResponse(w http.ResponseWriter, r *http.Request, wk po
 	}
 	cur := strconv.FormatInt(next, 10)
 	resp.Cursor = &cur
-	resp.TargetNymphVersion = s.targetVersionFor(r.Context(), wk.namespace, log)
+	resp.TargetNymphVersion = s.targetVersionFor(ctx, wk.namespace, log)
 	if len(cmds) > 0 {
 		log.Debug().Int("commands", len(cmds)).Str("cursor", cur).Bool("legacy", legacy).Msg("commands delivered")
 	}
 	writeMsgpack(w, http.StatusOK, resp)
 }
 
-// watchForWake parks a watch poll until a wake is queued for the worker
-// after seq after (parkWoken), the poll's time is up (parkOver) or the
-// daemon goes away (parkGone). A store error ends the watch as if woken:
-// the ordinary take that follows reports it.
-func (s *Server) watchForWake(ctx context.Context, workerID string, after int64, timeout <-chan time.Time, log zerolog.Logger) parkEnd {
-	for {
-		woken, release := s.wake.subscribe(workerKey(workerID))
-		var (
-			pending bool
-			err     error
-		)
-		// A wake is a command: with none due, none is pending.
-		if _, take := s.presence.due(workerID, after); take {
-			pending, err = s.st.WakePending(ctx, workerID, after)
-		}
-		if err != nil || pending {
-			release()
-			if pending {
-				log.Info().Msg("wake queued for a hibernating daemon; its watch poll answers")
-			}
-			return parkWoken
-		}
-		if res := s.park(ctx, workerKey(workerID), woken, release, timeout); res != parkWoken {
-			return res
-		}
+// wakeQueued reports whether a wake is queued for a watch poll's worker
+// after the poll's cursor. A store error counts as one: the ordinary take
+// that follows reports it.
+func (s *Server) wakeQueued(ctx context.Context, ps *pollState) bool {
+	// A wake is a command: with none due, none is pending.
+	if _, take := s.presence.due(ps.view.id, ps.after); !take {
+		return false
 	}
+	pending, err := s.st.WakePending(ctx, ps.view.id, ps.after)
+	if pending {
+		ps.logger().Info().Msg("wake queued for a hibernating daemon; its watch poll answers")
+	}
+	return pending || err != nil
 }
 
 func (s *Server) decodePoll(w http.ResponseWriter, r *http.Request) (messages.PollRequest, *int64, error) {

@@ -78,6 +78,7 @@ type env struct {
 	dir    string
 	srv    *Server
 	hs     *httptest.Server
+	lot    *parkingLot // nil when served by Serve
 	url    string
 	clock  *fakeclock.Clock
 	parked chan string
@@ -116,11 +117,17 @@ func newEnvIn(t testing.TB, dir string, opts ...envOpt) *env {
 		}
 	}
 	hs.Config.Handler = srv.Handler()
+	// Polls park their connections as under Serve.
+	lot := srv.parkOn(hs.Config, hs.Listener)
+	hs.Listener = lot
 	hs.Start()
-	e.srv, e.hs, e.url = srv, hs, hs.URL
+	e.srv, e.hs, e.lot, e.url = srv, hs, lot, hs.URL
 	t.Cleanup(func() {
 		srv.stopWaiting()
 		hs.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		lot.drain(ctx)
+		cancel()
 		if err := srv.Close(); err != nil {
 			t.Errorf("Close: %v", err)
 		}

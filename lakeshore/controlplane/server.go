@@ -139,6 +139,9 @@ type Server struct {
 	// parked, when set, is told each time a long-poll is about to block on
 	// its wake-up key, so tests can act at exactly that point.
 	parked func(key string)
+	// parkings counts the polls that parked their connection
+	// (parked.go), for tests.
+	parkings atomic.Int64
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -314,6 +317,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       s.limits.IdleTimeout,
 		ErrorLog:          log.New(s.log.With().Str("component", "http").Logger(), "", 0),
 	}
+	if s.tls != nil {
+		// TLS here rather than in ServeTLS: the parking lot must be
+		// above it (parked.go). With "h2" offered, Serve sets up HTTP/2
+		// as ServeTLS would.
+		cfg := s.tls.Clone()
+		cfg.NextProtos = []string{"h2", "http/1.1"}
+		srv.TLSConfig = cfg
+		ln = tls.NewListener(ln, cfg)
+	}
+	lot := s.parkOn(srv, ln)
+	defer lot.Close()
 	done := make(chan error, 1)
 	go func() {
 		select {
@@ -323,16 +337,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.stopWaiting()
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		done <- srv.Shutdown(sctx)
+		// The parked connections end beside net/http's own: those
+		// idle at once, the others once answered.
+		drained := make(chan struct{})
+		go func() {
+			lot.drain(sctx)
+			close(drained)
+		}()
+		err := srv.Shutdown(sctx)
+		<-drained
+		done <- err
 	}()
 	s.log.Info().Str("addr", ln.Addr().String()).Str("public_url", s.currentPublicURL("")).Msg("control plane listening")
-	var err error
-	if s.tls != nil {
-		srv.TLSConfig = s.tls
-		err = srv.ServeTLS(ln, "", "")
-	} else {
-		err = srv.Serve(ln)
-	}
+	err := srv.Serve(lot)
 	if errors.Is(err, http.ErrServerClosed) {
 		if serr := <-done; serr != nil {
 			return fmt.Errorf("controlplane: shutdown: %w", serr)
@@ -419,6 +436,10 @@ func advertisedAddr(a net.Addr, fallback string) string {
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	start  time.Time
+	// parked: the handler parked its connection (parked.go), which logs
+	// the request once answered.
+	parked bool
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -444,7 +465,7 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // resort: every route validates its input first.
 func (s *Server) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &statusWriter{ResponseWriter: w, start: time.Now()}
 		ew, bounded := s.bound(sw, r)
 		defer bounded()
 		if !s.inflight.enter() {
@@ -452,7 +473,6 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 			return
 		}
 		defer s.inflight.leave()
-		start := time.Now()
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
@@ -464,13 +484,20 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 					writeJSON(ew, http.StatusInternalServerError, operatorapi.Error{Error: "internal error"})
 				}
 			}
-			ev := s.log.Debug()
-			if sw.status >= 500 {
-				ev = s.log.Warn()
+			if !sw.parked {
+				s.logRequest(r.Method, r.Pattern, sw.status, sw.start)
 			}
-			ev.Str("method", r.Method).Str("route", r.Pattern).Int("status", sw.status).
-				Dur("took", time.Since(start)).Msg("request")
 		}()
 		next.ServeHTTP(ew, r)
 	})
+}
+
+// logRequest is the request log line.
+func (s *Server) logRequest(method, route string, status int, start time.Time) {
+	ev := s.log.Debug()
+	if status >= 500 {
+		ev = s.log.Warn()
+	}
+	ev.Str("method", method).Str("route", route).Int("status", status).
+		Dur("took", time.Since(start)).Msg("request")
 }
