@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
@@ -69,18 +70,21 @@ var _ Launcher = (*EC2)(nil)
 
 // Shapes of the ids EC2 uses. They are checked so that a typo is an error
 // naming the flag at `provider add`, not an API error at the first launch.
+// The patterns compile on first use: counted repetitions ({1,512}) make
+// programs of hundreds of kilobytes, and every run of the lakeshore
+// binary (a one-shot CLI verb too) would otherwise pay for them at start.
 var (
-	ec2RegionRE          = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9-]{0,63}$`)
-	ec2ImageIDRE         = regexp.MustCompile(`^ami-[0-9a-f]{8,17}$`)
-	ec2InstanceTypeRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*\.[a-z0-9][a-z0-9-]*$`)
-	ec2SubnetIDRE        = regexp.MustCompile(`^subnet-[0-9a-f]{8,17}$`)
-	ec2SecurityGroupIDRE = regexp.MustCompile(`^sg-[0-9a-f]{8,17}$`)
-	ec2InstanceIDRE      = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
+	ec2RegionRE          = lazyRE(`^[A-Za-z0-9][A-Za-z0-9-]{0,63}$`)
+	ec2ImageIDRE         = lazyRE(`^ami-[0-9a-f]{8,17}$`)
+	ec2InstanceTypeRE    = lazyRE(`^[a-z0-9][a-z0-9-]*\.[a-z0-9][a-z0-9-]*$`)
+	ec2SubnetIDRE        = lazyRE(`^subnet-[0-9a-f]{8,17}$`)
+	ec2SecurityGroupIDRE = lazyRE(`^sg-[0-9a-f]{8,17}$`)
+	ec2InstanceIDRE      = lazyRE(`^i-[0-9a-f]{8,17}$`)
 	// An instance profile is named by its name or its ARN (IAM's name
 	// alphabet; an ARN carries a path).
-	ec2ProfileNameRE = regexp.MustCompile(`^[\w+=,.@-]{1,128}$`)
-	ec2ProfileARNRE  = regexp.MustCompile(`^arn:[a-z-]+:iam::[0-9]{12}:instance-profile/[\w+=,.@/-]{1,512}$`)
-	ec2AZRE          = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]+[a-z]$`)
+	ec2ProfileNameRE = lazyRE(`^[\w+=,.@-]{1,128}$`)
+	ec2ProfileARNRE  = lazyRE(`^arn:[a-z-]+:iam::[0-9]{12}:instance-profile/[\w+=,.@/-]{1,512}$`)
+	ec2AZRE          = lazyRE(`^[a-z]{2}(-[a-z]+)+-[0-9]+[a-z]$`)
 )
 
 // Validate checks an ec2 provider's description; each problem is named by
@@ -91,7 +95,7 @@ func (s EC2Spec) Validate() error {
 	switch {
 	case s.Region == "":
 		bad("--region: required (e.g. us-east-1)")
-	case !ec2RegionRE.MatchString(s.Region):
+	case !ec2RegionRE().MatchString(s.Region):
 		bad("--region: %q is not a region name (e.g. us-east-1)", s.Region)
 	}
 	if s.Endpoint != "" {
@@ -144,28 +148,28 @@ func ec2CheckEndpoint(s string) error {
 }
 
 func ec2CheckImageID(s string) error {
-	if !ec2ImageIDRE.MatchString(s) {
+	if !ec2ImageIDRE().MatchString(s) {
 		return fmt.Errorf("%q is not an AMI id (ami- and 8 or 17 hex digits)", s)
 	}
 	return nil
 }
 
 func ec2CheckInstanceType(s string) error {
-	if !ec2InstanceTypeRE.MatchString(s) {
+	if !ec2InstanceTypeRE().MatchString(s) {
 		return fmt.Errorf("%q is not an instance type (e.g. t3.micro)", s)
 	}
 	return nil
 }
 
 func ec2CheckSubnetID(s string) error {
-	if !ec2SubnetIDRE.MatchString(s) {
+	if !ec2SubnetIDRE().MatchString(s) {
 		return fmt.Errorf("%q is not a subnet id (subnet-...)", s)
 	}
 	return nil
 }
 
 func ec2CheckSecurityGroupID(s string) error {
-	if !ec2SecurityGroupIDRE.MatchString(s) {
+	if !ec2SecurityGroupIDRE().MatchString(s) {
 		return fmt.Errorf("%q is not a security group id (sg-...; a group's name will not do)", s)
 	}
 	return nil
@@ -184,7 +188,7 @@ func ec2CheckKeyName(s string) error {
 }
 
 func ec2CheckInstanceProfile(s string) error {
-	if !ec2ProfileNameRE.MatchString(s) && !ec2ProfileARNRE.MatchString(s) {
+	if !ec2ProfileNameRE().MatchString(s) && !ec2ProfileARNRE().MatchString(s) {
 		return fmt.Errorf("%q is neither an instance profile name nor its ARN", s)
 	}
 	return nil
@@ -353,7 +357,7 @@ func (e *EC2) launchParams(capacity []byte) (ec2Launch, error) {
 			p.IAMInstanceProfile, err = str(key, raw, ec2CheckInstanceProfile)
 		case "availability_zone":
 			p.AvailabilityZone, err = str(key, raw, func(s string) error {
-				if !ec2AZRE.MatchString(s) {
+				if !ec2AZRE().MatchString(s) {
 					return fmt.Errorf("%q is not an availability zone (e.g. us-east-1a)", s)
 				}
 				return nil
@@ -509,7 +513,7 @@ func ec2PrintableASCII(s string) bool {
 // gone, which is what was asked; a terminated one EC2 still lists
 // terminates again without error.
 func (e *EC2) Terminate(ctx context.Context, instanceID string) error {
-	if !ec2InstanceIDRE.MatchString(instanceID) {
+	if !ec2InstanceIDRE().MatchString(instanceID) {
 		return fmt.Errorf("ec2 provider %s: %q is not an instance id (i-...)", e.name, instanceID)
 	}
 	_, err := e.client.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{instanceID}})
@@ -529,7 +533,7 @@ func (e *EC2) Terminate(ctx context.Context, instanceID string) error {
 // only Nitro instances keep: on the others it falls back to the buffer
 // EC2 captured at boot and shutdown.
 func (e *EC2) ConsoleLog(ctx context.Context, instanceID string, latest bool) (string, error) {
-	if !ec2InstanceIDRE.MatchString(instanceID) {
+	if !ec2InstanceIDRE().MatchString(instanceID) {
 		return "", fmt.Errorf("ec2 provider %s: %q is not an instance id (i-...)", e.name, instanceID)
 	}
 	in := &ec2.GetConsoleOutputInput{InstanceId: aws.String(instanceID)}
@@ -642,4 +646,9 @@ func (e *EC2) profileName() string {
 		return fmt.Sprintf("profile %q", e.spec.Profile)
 	}
 	return "its profile (AWS_PROFILE, or default)"
+}
+
+// lazyRE compiles expr once, the first time the returned func is called.
+func lazyRE(expr string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(expr) })
 }
