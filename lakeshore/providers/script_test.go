@@ -163,10 +163,13 @@ func TestScriptThrottledUntilContextEnds(t *testing.T) {
 		b, _ := os.ReadFile(filepath.Join(state, "throttled"))
 		return strings.TrimSpace(string(b)) == "1"
 	})
+	// The count is written just before the script exits 75, so the cancel
+	// lands in the backoff (the usual case: it is an hour) or, rarely, in
+	// the last instant of that run; either way Launch must end with ctx.
 	cancel()
 	select {
 	case err := <-done:
-		if err == nil || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "throttled") {
+		if err == nil || !errors.Is(err, context.Canceled) {
 			t.Fatalf("Launch cancelled while throttled: %v", err)
 		}
 	case <-time.After(time.Minute):
