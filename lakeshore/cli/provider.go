@@ -100,7 +100,7 @@ No secret is stored, and none is ever shown.
 --endpoint points it at any EC2-compatible API. Throttled calls
 (RequestLimitExceeded) are retried with backoff. A launch's --capacity
 object overrides instance_type, image_id, subnet_id, security_group_ids,
-key_name and iam_instance_profile.
+key_name, iam_instance_profile, availability_zone, spot and tags.
 
 --json prints the provider as stored.`,
 		Example: `  lakeshore provider add ec2 aws-prod --region us-east-1 --image-id ami-0abc \
@@ -113,7 +113,7 @@ key_name and iam_instance_profile.
 	fs.StringVar(&spec.Endpoint, "endpoint", "", "EC2 API endpoint URL (default: the region's)")
 	fs.StringVar(&spec.Profile, "profile", "", "shared config profile of the serve process's credentials")
 	fs.StringVar(&spec.ImageID, "image-id", "", "AMI the machines boot (required)")
-	fs.StringVar(&spec.InstanceType, "instance-type", "", "default instance type")
+	fs.StringVar(&spec.InstanceType, "instance-type", "", "instance type a launch gets unless its --capacity names one (none: "+providers.DefaultEC2InstanceType+")")
 	fs.StringVar(&spec.SubnetID, "subnet-id", "", "subnet to launch into")
 	fs.StringArrayVar(&spec.SecurityGroupIDs, "security-group-id", nil, "security group (repeatable)")
 	fs.StringVar(&spec.KeyName, "key-name", "", "EC2 key pair name")

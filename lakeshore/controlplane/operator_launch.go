@@ -64,11 +64,7 @@ func (s *Server) handleLaunch(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
-	p, err := s.st.Provider(r.Context(), req.Provider)
-	if isNotFound(err) {
-		writeOperatorError(w, errNoSuchProvider(req.Provider))
-		return
-	}
+	p, err := s.provider(r.Context(), req.Provider)
 	if err != nil {
 		writeOperatorError(w, err)
 		return

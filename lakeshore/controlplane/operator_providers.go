@@ -255,18 +255,20 @@ func (s *Server) handleListProviders(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// errNoSuchProvider is the 404 of a provider name nothing is registered as.
-func errNoSuchProvider(name string) error {
-	return badField(http.StatusNotFound, "provider", "no provider %q is registered (lakeshore provider list; lakeshore provider add ...)", name)
+// provider reads a registered provider; one nothing is registered as is
+// a 404 naming the way to list and add them.
+func (s *Server) provider(ctx context.Context, name string) (store.Provider, error) {
+	p, err := s.st.Provider(ctx, name)
+	if isNotFound(err) {
+		return store.Provider{}, badField(http.StatusNotFound, "provider",
+			"no provider %q is registered (lakeshore provider list; lakeshore provider add ...)", name)
+	}
+	return p, err
 }
 
 func (s *Server) handleGetProvider(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	p, err := s.st.Provider(r.Context(), name)
-	if isNotFound(err) {
-		writeOperatorError(w, errNoSuchProvider(name))
-		return
-	}
+	p, err := s.provider(r.Context(), name)
 	if err != nil {
 		writeOperatorError(w, err)
 		return
@@ -281,11 +283,7 @@ func (s *Server) handleGetProvider(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleDeleteProvider(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	p, err := s.st.Provider(r.Context(), name)
-	if isNotFound(err) {
-		writeOperatorError(w, errNoSuchProvider(name))
-		return
-	}
+	p, err := s.provider(r.Context(), name)
 	if err != nil {
 		writeOperatorError(w, err)
 		return
