@@ -167,9 +167,9 @@ func (a *app) launch(ctx context.Context, c *opclient.Client, f launchFlags, giv
 // state is no longer pending), reading them back every launchCheckEvery.
 func (a *app) waitLaunched(ctx context.Context, c *opclient.Client, sum *LaunchSummary, within time.Duration) error {
 	total := len(sum.Launched)
-	pending := map[string]string{} // id -> label
+	pending := map[string]bool{}
 	for _, w := range sum.Launched {
-		pending[w.ID] = w.Label
+		pending[w.ID] = true
 	}
 	prog := startProgress(a.env.Stderr, a.env.StderrTTY, fmt.Sprintf("0/%d registered", total))
 	defer prog.Stop()
@@ -177,6 +177,7 @@ func (a *app) waitLaunched(ctx context.Context, c *opclient.Client, sum *LaunchS
 	defer deadline.Stop()
 	tick := time.NewTicker(launchCheckEvery)
 	defer tick.Stop()
+wait:
 	for {
 		ws, err := c.ListWorkers(ctx)
 		if err != nil && ctx.Err() != nil {
@@ -211,13 +212,12 @@ func (a *app) waitLaunched(ctx context.Context, c *opclient.Client, sum *LaunchS
 			for id := range pending {
 				sum.NeverRegistered = append(sum.NeverRegistered, id)
 			}
-			pending = nil
+			break wait
 		case <-tick.C:
 		}
-		if pending == nil {
-			break
-		}
 	}
+	slices.Sort(sum.Registered)
+	slices.Sort(sum.NeverRegistered)
 	prog.Stop()
 	fmt.Fprintf(a.env.Stderr, "lakeshore: %d/%d registered\n", len(sum.Registered), total)
 	return nil
