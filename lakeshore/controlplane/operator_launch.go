@@ -126,16 +126,16 @@ func (s *Server) handleLaunch(w http.ResponseWriter, r *http.Request) {
 		// Launches failing alike say so once, not once per daemon.
 		var (
 			msgs  []string
-			names = map[string][]string{}
+			byErr = map[string][]string{}
 		)
 		for _, f := range out.Failed {
-			if names[f.Error] == nil {
+			if byErr[f.Error] == nil {
 				msgs = append(msgs, f.Error)
 			}
-			names[f.Error] = append(names[f.Error], f.Name)
+			byErr[f.Error] = append(byErr[f.Error], f.Name)
 		}
 		for i, m := range msgs {
-			msgs[i] = strings.Join(names[m], ", ") + ": " + m
+			msgs[i] = strings.Join(byErr[m], ", ") + ": " + m
 		}
 		writeOperatorError(w, badField(http.StatusBadGateway, "provider", "%s through provider %q failed, and nothing was left behind: %s",
 			launchCount(len(out.Failed)), p.Name, strings.Join(msgs, "; ")))
