@@ -14,7 +14,7 @@ import (
 // the one-shot verbs (`daemon exec`, whose round trip is measured against
 // ssh) included, so work done there belongs in a sync.Once at first use.
 // Bytes are counted, not time: the count is the same on a busy machine.
-const initBudget = 64 << 10
+const initBudget = 32 << 10
 
 var initLine = regexp.MustCompile(`(?m)^init (nymph/\S+) @\S+ ms, \S+ ms clock, (\d+) bytes, (\d+) allocs$`)
 

@@ -24,8 +24,9 @@ import (
 type OpenProvider func(ctx context.Context, spec providers.Spec, dir string) (providers.Launcher, error)
 
 // providerNameRe is what a provider may be called: it appears in paths,
-// in worker rows and on command lines.
-var providerNameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+// in worker rows and on command lines. Compiled on first use, as the
+// package's other patterns (its program is tens of kilobytes).
+var providerNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`) })
 
 // providerCheckTimeout bounds `provider add`'s check of the provider.
 const providerCheckTimeout = 30 * time.Second
@@ -100,7 +101,7 @@ func specFromRequest(req operatorapi.ProviderRequest) (providers.Spec, error) {
 	if req.Name == "" {
 		return providers.Spec{}, badField(http.StatusBadRequest, "name", "a provider needs a name (lakeshore provider add KIND NAME ...)")
 	}
-	if !providerNameRe.MatchString(req.Name) {
+	if !providerNameRe().MatchString(req.Name) {
 		return providers.Spec{}, badField(http.StatusBadRequest, "name",
 			"%q: use letters, digits, '.', '_' and '-' (at most 63, starting with a letter or digit)", req.Name)
 	}
