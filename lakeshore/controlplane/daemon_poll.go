@@ -96,7 +96,7 @@ func (s *Server) waitPoll(ctx context.Context, ps *pollState, handoff func(woken
 			}
 			handoff = nil
 		}
-		switch s.park(ctx, workerKey(ps.view.id), woken, release, ps.timer.C) {
+		switch s.park(workerKey(ps.view.id), woken, release, ps.timer.C, ctx.Done()) {
 		case parkGone:
 			ps.timer.Stop()
 			return waitGone

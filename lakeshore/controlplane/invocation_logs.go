@@ -77,7 +77,7 @@ func (s *Server) handleInvocationLogs(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, s.logsView(inv, evs, after, more))
 			return
 		}
-		switch s.park(r.Context(), logKey(id), woken, release, timer.C) {
+		switch s.park(logKey(id), woken, release, timer.C, r.Context().Done()) {
 		case parkOver:
 			wait = 0
 		case parkGone:

@@ -448,7 +448,7 @@ func (s *Server) handleGetInvocation(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, invocationView(inv, true))
 			return
 		}
-		switch s.park(r.Context(), invocationKey(id), woken, release, timer.C) {
+		switch s.park(invocationKey(id), woken, release, timer.C, r.Context().Done()) {
 		case parkOver:
 			wait = 0
 		case parkGone:

@@ -307,7 +307,7 @@ func (s *Server) awaitExecFrom(r *http.Request, ns, id string, wait time.Duratio
 	defer timer.Stop()
 	waited, timedOut := false, false
 	if first != nil && wait > 0 {
-		switch s.park(r.Context(), execKey(id), first.woken, first.release, timer.C) {
+		switch s.park(execKey(id), first.woken, first.release, timer.C, r.Context().Done()) {
 		case parkOver:
 			timedOut = true
 		case parkGone:
@@ -333,7 +333,7 @@ func (s *Server) awaitExecFrom(r *http.Request, ns, id string, wait time.Duratio
 			release()
 			return e, nil
 		}
-		switch s.park(r.Context(), execKey(id), woken, release, timer.C) {
+		switch s.park(execKey(id), woken, release, timer.C, r.Context().Done()) {
 		case parkOver:
 			timedOut = true
 		case parkGone:

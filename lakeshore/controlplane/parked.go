@@ -345,7 +345,7 @@ func (s *Server) waitParked(pp *parkedPoll, woken <-chan struct{}, release func(
 	ps := pp.ps
 	watchSocket(pp)
 	for !pp.chatty {
-		end := s.parkSocket(workerKey(ps.view.id), woken, release, ps.timer.C, pp.stirred)
+		end := s.park(workerKey(ps.view.id), woken, release, ps.timer.C, pp.stirred)
 		if end == parkOver {
 			break
 		}
@@ -381,25 +381,6 @@ func (s *Server) waitParked(pp *parkedPoll, woken <-chan struct{}, release func(
 	}
 	ps.timer.Stop()
 	s.answerParked(ctx, pp)
-}
-
-// parkSocket is park for a parked poll: it also ends (parkGone) when the
-// socket stirs.
-func (s *Server) parkSocket(key string, woken <-chan struct{}, release func(), timeout <-chan time.Time, stirred <-chan struct{}) parkEnd {
-	defer release()
-	if s.parked != nil {
-		s.parked(key)
-	}
-	select {
-	case <-woken:
-		return parkWoken
-	case <-timeout:
-		return parkOver
-	case <-s.closing:
-		return parkOver
-	case <-stirred:
-		return parkGone
-	}
 }
 
 // watchSocket waits, in a goroutine of its own with the smallest stack,

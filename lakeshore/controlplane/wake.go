@@ -1,7 +1,6 @@
 package controlplane
 
 import (
-	"context"
 	"sync"
 	"time"
 )
@@ -105,8 +104,9 @@ const (
 )
 
 // park blocks a long-poll on key's woken channel until one of the parkEnd
-// cases, then releases the subscription.
-func (s *Server) park(ctx context.Context, key string, woken <-chan struct{}, release func(), timeout <-chan time.Time) parkEnd {
+// cases, then releases the subscription. gone closes when the client left:
+// its request's context, or the socket of a parked poll stirring.
+func (s *Server) park(key string, woken <-chan struct{}, release func(), timeout <-chan time.Time, gone <-chan struct{}) parkEnd {
 	defer release()
 	if s.parked != nil {
 		s.parked(key)
@@ -118,7 +118,7 @@ func (s *Server) park(ctx context.Context, key string, woken <-chan struct{}, re
 		return parkOver
 	case <-s.closing:
 		return parkOver
-	case <-ctx.Done():
+	case <-gone:
 		return parkGone
 	}
 }
