@@ -102,6 +102,7 @@ type Store interface {
 	Nonces
 	Events
 	Providers
+	Payloads
 	// Ready reports whether the store answers and its schema has every
 	// migration this binary embeds (an error naming what is wrong if not),
 	// for a readiness probe: cheap, and it writes nothing.

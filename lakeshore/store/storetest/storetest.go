@@ -83,6 +83,7 @@ func Run(t *testing.T, b Backend) {
 		{"ConcurrentHellosBindATokenOnce", testConcurrentHellosBindATokenOnce},
 		{"ProvidersCRUD", testProvidersCRUD},
 		{"LaunchedWorkerIsAdoptedByItsHello", testLaunchedWorkerIsAdoptedByItsHello},
+		{"PayloadRetention", testPayloadRetention},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
