@@ -51,6 +51,10 @@ type PresignRequest struct {
 	Size  *uint64 `msgpack:"size" json:"size"`
 	JobID *string `msgpack:"jobId" json:"jobId"`
 	Kind  *string `msgpack:"kind" json:"kind"`
+	// SHA256 (hex) is what a put's bytes must hash to; an extension of
+	// the spec's fields, left out when unset so a daemon's body is the
+	// spec's byte for byte. A bucket keeps it as the object's checksum.
+	SHA256 *string `msgpack:"sha256,omitempty" json:"sha256,omitempty"`
 }
 
 // Presign operations.
@@ -64,4 +68,8 @@ type PresignResponse struct {
 	URL        string `msgpack:"url" json:"url"`
 	Key        string `msgpack:"key" json:"key"`
 	ExpiresAtS Epoch  `msgpack:"expires_at_epoch_s" json:"expires_at_epoch_s"`
+	// Headers must be sent with the request as they are: a bucket's
+	// presigned put signs its length and checksum headers. Absent for a
+	// get, and from a control plane that serves its payloads itself.
+	Headers map[string]string `msgpack:"headers,omitempty" json:"headers,omitempty"`
 }

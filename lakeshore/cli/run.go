@@ -332,6 +332,16 @@ func jsonable(v any) any {
 
 // runInvocation submits, follows and reports one invocation.
 func (a *app) runInvocation(ctx context.Context, c *opclient.Client, f runFlags, req operatorapi.InvocationRequest) error {
+	// Args over the inline threshold go to the payload store first,
+	// straight to the URL presign answers (the control plane's bucket,
+	// when it has one), so the submission carries a key, not the bytes.
+	if len(req.Args) > messages.InlineThreshold {
+		ref, err := c.UploadPayload(ctx, req.Args, "args")
+		if err != nil {
+			return fmt.Errorf("upload the %d byte args: %w", len(req.Args), err)
+		}
+		req.Args, req.ArgsKey = nil, ref.Key
+	}
 	// A Ctrl-C must not cut the submission short: the invocation may be
 	// queued already, and only the answer names it so it can be cancelled.
 	// A second Ctrl-C still ends lakeshore at once.

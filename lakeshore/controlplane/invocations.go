@@ -225,20 +225,24 @@ func (s *Server) handleSubmitInvocation(w http.ResponseWriter, r *http.Request) 
 	argsSize := int64(len(sub.args))
 	switch {
 	case sub.argsKey != "":
-		m, err := s.payloads.meta(ns, sub.argsKey)
+		m, err := s.payloads.stat(r.Context(), ns, sub.argsKey)
 		if err != nil {
-			if isNotExist(err) {
+			var fe *fieldError
+			if errors.As(err, &fe) && fe.status == http.StatusNotFound {
 				err = badField(http.StatusBadRequest, "argsKey", "no payload %q in namespace %q; upload it first", sub.argsKey, ns)
 			}
 			writeOperatorError(w, err)
 			return
 		}
-		sum := m.SHA256
-		run.PayloadRef = &messages.PayloadRef{Bucket: operatorapi.PayloadBucket, Key: sub.argsKey, Size: uint64(m.Size), ContentType: m.ContentType, SHA256: &sum}
+		run.PayloadRef = &messages.PayloadRef{Bucket: operatorapi.PayloadBucket, Key: sub.argsKey, Size: uint64(m.Size), ContentType: m.ContentType}
+		if m.SHA256 != "" {
+			sum := m.SHA256
+			run.PayloadRef.SHA256 = &sum
+		}
 		argsSize = m.Size
 	case len(sub.args) > messages.InlineThreshold:
 		sub.argsKey = "args-" + strings.ToLower(id)
-		ref, err := s.storeArgs(ns, sub.argsKey, sub.args)
+		ref, err := s.storeArgs(r.Context(), ns, sub.argsKey, id, sub.args)
 		if err != nil {
 			s.log.Error().Err(err).Str("invocation_id", id).Msg("storing large args")
 			writeOperatorError(w, err)

@@ -2,16 +2,15 @@ package controlplane
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -19,22 +18,25 @@ import (
 	"sync"
 	"time"
 
-	"nymph/atomicfile"
+	"nymph/lakeshore/blobs"
+	"nymph/lakeshore/store"
+
 	"nymph/lakeshore/operatorapi"
 	"nymph/messages"
 )
 
-// The payload store keeps blobs (large invocation args, for now) as files
-// under its directory, <namespace>/<key>, and the metadata of each (size,
-// sha256, content type) as <namespace>/.meta/<key>.json: a key starts with
-// a letter or digit, so no key names that directory or anything in it.
-// (Metadata once sat beside its blob as <key>.meta.json, which is also a
-// valid key: storing key "victim.meta.json" overwrote the metadata of key
-// "victim". migrateLegacy moves such a data dir to this layout.)
-// Readers and writers never get a path: presign
-// hands out a capability URL whose token names the namespace, key,
-// operation and expiry and is signed with a key derived from the admin
-// token, so it survives restarts and cannot be forged or stretched.
+// Payloads are kept in a blobs.Store: on this control plane's disk
+// (PayloadStore, under the data directory) or in a bucket the replicas
+// share (Config.Blobs). Readers and writers never get a path or a
+// credential: presign hands out a URL that is its own capability — the
+// bucket's SigV4 URL, or, on disk, a token for this control plane's
+// payload route signed with a key derived from the admin token, so it
+// survives restarts, holds on every replica and cannot be forged or
+// stretched. The on-disk layout is <namespace>/<key> with the metadata in
+// <namespace>/.meta/<key>.json: a key starts with a letter or digit, so no
+// key names that directory or anything in it. (Metadata once sat beside
+// its blob as <key>.meta.json, which is also a valid key; migrateLegacy
+// moves such a data dir to this layout.)
 
 // payloadKeyRe is what a key may look like: one safe path segment.
 var payloadKeyRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$`) })
@@ -48,12 +50,19 @@ const (
 	// limitPresign bounds the presign body; it carries a few short fields
 	// (a key is 200 bytes at most).
 	limitPresign = 16 << 10
+	// sharedPayloadPrefix is where payloads live in a shared blob store.
+	sharedPayloadPrefix = "payloads/"
+	// DefaultPayloadRetention is how long a payload outlives its job.
+	DefaultPayloadRetention = 7 * 24 * time.Hour
+	// expiredBatch is how many expired payloads one sweep step deletes.
+	expiredBatch = 200
 )
 
 var errNoPayloadStore = badField(http.StatusServiceUnavailable, "payloads", "this control plane has no data directory, so no payload store")
 
-// PayloadStore is the on-disk blob store. A nil *PayloadStore is none: the
-// payload routes say so.
+// PayloadStore names the directory a lone control plane keeps its
+// payloads in (Config.Payloads). A nil *PayloadStore is none: the payload
+// routes say so.
 type PayloadStore struct {
 	dir string
 }
@@ -62,7 +71,8 @@ type PayloadStore struct {
 // first one.
 func NewPayloadStore(dir string) *PayloadStore { return &PayloadStore{dir: dir} }
 
-// payloadMeta is the metadata of one blob.
+// payloadMeta is the on-disk metadata of one blob (the legacy migration
+// reads and writes it; blobs.Local keeps the same format).
 type payloadMeta struct {
 	Size        int64     `json:"size"`
 	SHA256      string    `json:"sha256"`
@@ -77,144 +87,103 @@ func (p *PayloadStore) metaPath(ns, key string) string {
 	return filepath.Join(p.dir, ns, metaDir, key+".json")
 }
 
-// meta reads a blob's metadata; a blob that does not exist, or has no
-// metadata, is ErrNotExist.
-func (p *PayloadStore) meta(ns, key string) (payloadMeta, error) {
+// payloads is where this control plane keeps payload bytes.
+type payloads struct {
+	st blobs.Store
+	// local is st when this control plane serves the presigned URLs
+	// itself (its own disk); nil for a shared bucket.
+	local *blobs.Local
+	// prefix is put before "<namespace>/<key>" in st.
+	prefix string
+	// retention is how long a payload outlives its job; negative keeps
+	// every payload.
+	retention time.Duration
+}
+
+func (p *payloads) key(ns, key string) string { return p.prefix + ns + "/" + key }
+
+// openPayloads picks the payload store cfg names: the shared blob store,
+// else the directory.
+func openPayloads(cfg Config, secret []byte, now func() time.Time) (*payloads, error) {
+	retention := cfg.PayloadRetention
+	if retention == 0 {
+		retention = DefaultPayloadRetention
+	}
+	if cfg.Blobs != nil {
+		return &payloads{st: cfg.Blobs, prefix: sharedPayloadPrefix, retention: retention}, nil
+	}
+	if cfg.Payloads == nil {
+		return nil, nil
+	}
+	l, err := blobs.NewLocal(cfg.Payloads.dir, blobs.LocalOptions{Secret: secret, URLPrefix: payloadPrefix, Now: now})
+	if err != nil {
+		return nil, fmt.Errorf("payload store: %w", err)
+	}
+	return &payloads{st: l, local: l, retention: retention}, nil
+}
+
+// stat describes payload ns/key; a missing one is a 404 naming it.
+func (p *payloads) stat(ctx context.Context, ns, key string) (blobs.Info, error) {
 	if p == nil {
-		return payloadMeta{}, errNoPayloadStore
+		return blobs.Info{}, errNoPayloadStore
 	}
-	if _, err := os.Stat(p.path(ns, key)); err != nil {
-		return payloadMeta{}, err
+	info, err := p.st.Stat(ctx, p.key(ns, key))
+	if errors.Is(err, blobs.ErrNotFound) {
+		return blobs.Info{}, badField(http.StatusNotFound, "key", "no payload %q in namespace %q", key, ns)
 	}
-	b, err := os.ReadFile(p.metaPath(ns, key))
-	if err != nil {
-		return payloadMeta{}, fmt.Errorf("payload %s/%s: metadata: %w", ns, key, err)
-	}
-	var m payloadMeta
-	if err := json.Unmarshal(b, &m); err != nil {
-		return payloadMeta{}, fmt.Errorf("payload %s/%s: metadata: %w", ns, key, err)
-	}
-	return m, nil
+	return info, err
 }
 
-// put streams r (at most messages.MaxPayload bytes, exactly want when want
-// >= 0) into the blob ns/key, hashing as it goes. A blob already there with
-// the same bytes makes this a no-op; with other bytes it is a conflict.
-func (p *PayloadStore) put(ns, key string, r io.Reader, want int64, contentType string, now time.Time) (payloadMeta, error) {
-	if p == nil {
-		return payloadMeta{}, errNoPayloadStore
-	}
-	if err := os.MkdirAll(filepath.Join(p.dir, ns, metaDir), 0o700); err != nil {
-		return payloadMeta{}, fmt.Errorf("payload dir: %w", err)
-	}
-	blob, err := atomicfile.Create(p.path(ns, key), 0o600)
-	if err != nil {
-		return payloadMeta{}, fmt.Errorf("payload temp file: %w", err)
-	}
-	defer blob.Cleanup()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(blob, h), io.LimitReader(r, messages.MaxPayload+1))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return payloadMeta{}, badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
-		}
-		return payloadMeta{}, badField(http.StatusBadRequest, "body", "could not be read: %v", err)
-	}
-	if n > messages.MaxPayload {
-		return payloadMeta{}, badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
-	}
-	if want >= 0 && n != want {
-		return payloadMeta{}, badField(http.StatusBadRequest, "size", "presigned for %d bytes, got %d", want, n)
-	}
-	if contentType == "" {
-		contentType = "application/octet-stream"
-	}
-	m := payloadMeta{Size: n, SHA256: hex.EncodeToString(h.Sum(nil)), ContentType: contentType, CreatedAt: now.UTC()}
-	if old, err := p.meta(ns, key); err == nil {
-		if old.SHA256 == m.SHA256 {
-			return old, nil
-		}
-		return payloadMeta{}, badField(http.StatusConflict, "key", "payload %q already exists with other content", key)
-	}
-	mb, _ := json.Marshal(m)
-	if err := atomicfile.Write(p.metaPath(ns, key), mb, 0o600); err != nil {
-		return payloadMeta{}, fmt.Errorf("payload metadata: %w", err)
-	}
-	// The blob goes last: its presence means its metadata is complete.
-	if err := blob.Commit(); err != nil {
-		return payloadMeta{}, fmt.Errorf("payload write: %w", err)
-	}
-	return m, nil
-}
-
-// capability is what a presigned URL grants.
-type capability struct {
-	Op  string `json:"o"`
-	NS  string `json:"n"`
-	Key string `json:"k"`
-	// Size is the exact size a put must have; -1 means any.
-	Size int64 `json:"s"`
-	Exp  int64 `json:"e"`
-}
-
-// urlKey signs capabilities.
-type urlKey []byte
-
-func newURLKey(adminToken string) urlKey {
+// payloadURLKey derives the key that signs on-disk payload URLs.
+func payloadURLKey(adminToken string) []byte {
 	mac := hmac.New(sha256.New, []byte(adminToken))
 	mac.Write([]byte("lakeshore payload capability URLs v1"))
 	return mac.Sum(nil)
 }
 
-func (k urlKey) sign(c capability) string {
-	body, _ := json.Marshal(c)
-	enc := base64.RawURLEncoding.EncodeToString(body)
-	mac := hmac.New(sha256.New, k)
-	mac.Write([]byte(enc))
-	return enc + "." + base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
-}
-
-// verify checks a token's signature, expiry and operation.
-func (k urlKey) verify(token, op string, now time.Time) (capability, error) {
-	forbidden := badField(http.StatusForbidden, "token", "not a valid payload URL (unknown, tampered with, or for another operation)")
-	enc, sig, ok := strings.Cut(token, ".")
-	if !ok || len(token) > 2048 {
-		return capability{}, forbidden
+// blobError turns a blob store refusal into the 4xx that names its field;
+// anything else is returned as it is.
+func blobError(err error) error {
+	switch {
+	case errors.Is(err, blobs.ErrExpired):
+		return badField(http.StatusForbidden, "token", "%s; presign again", strings.TrimPrefix(err.Error(), "blobs: "))
+	case errors.Is(err, blobs.ErrDenied):
+		return badField(http.StatusForbidden, "token", "not a valid payload URL (unknown, tampered with, or for another operation)")
+	case errors.Is(err, blobs.ErrChecksum):
+		return badField(http.StatusBadRequest, "sha256", "%s", strings.TrimPrefix(err.Error(), "blobs: "))
+	case errors.Is(err, blobs.ErrSize):
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
+		}
+		return badField(http.StatusBadRequest, "size", "%s", strings.TrimPrefix(err.Error(), "blobs: "))
 	}
-	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil {
-		return capability{}, forbidden
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
 	}
-	mac := hmac.New(sha256.New, k)
-	mac.Write([]byte(enc))
-	if !hmac.Equal(got, mac.Sum(nil)) {
-		return capability{}, forbidden
-	}
-	body, err := base64.RawURLEncoding.DecodeString(enc)
-	if err != nil {
-		return capability{}, forbidden
-	}
-	var c capability
-	if json.Unmarshal(body, &c) != nil || c.Op != op || !validNamespace(c.NS) || !payloadKeyRe().MatchString(c.Key) {
-		return capability{}, forbidden
-	}
-	if now.Unix() > c.Exp {
-		return capability{}, badField(http.StatusForbidden, "token", "payload URL expired at %s; presign again",
-			time.Unix(c.Exp, 0).UTC().Format(time.RFC3339))
-	}
-	return c, nil
+	return err
 }
 
 // storeArgs keeps large invocation args in the payload store and returns
 // the ref a daemon resolves them by.
-func (s *Server) storeArgs(ns, key string, data []byte) (*messages.PayloadRef, error) {
-	m, err := s.payloads.put(ns, key, bytes.NewReader(data), int64(len(data)), "application/octet-stream", s.now())
-	if err != nil {
+func (s *Server) storeArgs(ctx context.Context, ns, key, jobID string, data []byte) (*messages.PayloadRef, error) {
+	if s.payloads == nil {
+		return nil, errNoPayloadStore
+	}
+	sum := sha256.Sum256(data)
+	hexSum := hex.EncodeToString(sum[:])
+	// Recorded first: a crash after the write leaves a blob retention
+	// knows of, never one it does not.
+	if err := s.st.RecordPayload(ctx, store.PayloadBlob{Namespace: ns, Key: key, JobID: jobID, CreatedAt: s.now()}); err != nil {
 		return nil, err
 	}
-	sum := m.SHA256
-	return &messages.PayloadRef{Bucket: operatorapi.PayloadBucket, Key: key, Size: uint64(m.Size), ContentType: m.ContentType, SHA256: &sum}, nil
+	info, err := s.payloads.st.Put(ctx, s.payloads.key(ns, key), bytes.NewReader(data),
+		blobs.PutOptions{Size: int64(len(data)), SHA256: hexSum, ContentType: "application/octet-stream"})
+	if err != nil {
+		return nil, fmt.Errorf("store args in %s: %w", s.payloads.st, err)
+	}
+	return &messages.PayloadRef{Bucket: operatorapi.PayloadBucket, Key: key, Size: uint64(info.Size), ContentType: info.ContentType, SHA256: &hexSum}, nil
 }
 
 // handlePresignJSON is RoutePresign for an operator.
@@ -250,6 +219,7 @@ var presignChecks = []check{
 	{path: "size", kind: kUint64},
 	{path: "jobId", kind: kString},
 	{path: "kind", kind: kString},
+	{path: "sha256", kind: kString},
 }
 
 func (s *Server) presignJSON(w http.ResponseWriter, r *http.Request) (*messages.PresignResponse, error) {
@@ -302,8 +272,7 @@ func (s *Server) presign(r *http.Request, ns string, req messages.PresignRequest
 	if s.payloads == nil {
 		return nil, errNoPayloadStore
 	}
-	now := s.now()
-	c := capability{NS: ns, Size: -1, Exp: now.Add(operatorapi.PayloadTTL).Unix()}
+	ctx := r.Context()
 	key := ""
 	if req.Key != nil {
 		key = *req.Key
@@ -311,42 +280,68 @@ func (s *Server) presign(r *http.Request, ns string, req messages.PresignRequest
 	if key != "" && !payloadKeyRe().MatchString(key) {
 		return nil, badField(http.StatusBadRequest, "key", "must be 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit")
 	}
+	var (
+		p   blobs.Presigned
+		err error
+	)
 	switch req.Op {
 	case messages.PresignGet:
 		if key == "" {
 			return nil, badField(http.StatusBadRequest, "key", "required for op get")
 		}
-		if _, err := s.payloads.meta(ns, key); err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return nil, badField(http.StatusNotFound, "key", "no payload %q in namespace %q", key, ns)
-			}
-			return nil, err
+		p, err = s.payloads.st.PresignGet(ctx, s.payloads.key(ns, key), operatorapi.PayloadTTL)
+		if errors.Is(err, blobs.ErrNotFound) {
+			return nil, badField(http.StatusNotFound, "key", "no payload %q in namespace %q", key, ns)
 		}
 	case messages.PresignPut:
+		o := blobs.PutOptions{Size: -1, Max: messages.MaxPayload}
 		if req.Size != nil {
 			if *req.Size > messages.MaxPayload {
 				return nil, badField(http.StatusRequestEntityTooLarge, "size", "%d bytes is over the %d byte payload limit", *req.Size, messages.MaxPayload)
 			}
-			c.Size = int64(*req.Size)
+			o.Size = int64(*req.Size)
+		} else if s.payloads.local == nil {
+			return nil, badField(http.StatusBadRequest, "size", "required: payloads are kept in %s, which cannot cap an upload of unknown size at the %d byte limit", s.payloads.st, messages.MaxPayload)
+		}
+		if req.SHA256 != nil && *req.SHA256 != "" {
+			sum := strings.ToLower(*req.SHA256)
+			if !messages.ValidSHA256(sum) {
+				return nil, badField(http.StatusBadRequest, "sha256", "must be 64 hex characters")
+			}
+			o.SHA256 = sum
 		}
 		if key == "" {
 			key = newPayloadKey(req.Kind, req.JobID)
+		} else if _, err := s.payloads.st.Stat(ctx, s.payloads.key(ns, key)); err == nil {
+			return nil, badField(http.StatusConflict, "key", "payload %q already exists in namespace %q; a payload never changes, so upload under another key", key, ns)
+		} else if !errors.Is(err, blobs.ErrNotFound) {
+			return nil, err
 		}
+		job := ""
+		if req.JobID != nil {
+			job = *req.JobID
+		}
+		if err := s.st.RecordPayload(ctx, store.PayloadBlob{Namespace: ns, Key: key, JobID: job, CreatedAt: s.now()}); err != nil {
+			return nil, err
+		}
+		p, err = s.payloads.st.PresignPut(ctx, s.payloads.key(ns, key), o, operatorapi.PayloadTTL)
 	default:
 		return nil, badField(http.StatusBadRequest, "op", "must be %q or %q", messages.PresignGet, messages.PresignPut)
 	}
-	c.Op, c.Key = req.Op, key
-	return &messages.PresignResponse{
-		URL:        s.currentPublicURL(r.Host) + payloadPrefix + s.urlKey.sign(c),
-		Key:        key,
-		ExpiresAtS: messages.Epoch(c.Exp),
-	}, nil
+	if err != nil {
+		return nil, blobError(err)
+	}
+	u := p.URL
+	if strings.HasPrefix(u, "/") {
+		u = s.currentPublicURL(r.Host) + u
+	}
+	return &messages.PresignResponse{URL: u, Key: key, ExpiresAtS: messages.Epoch(p.Expires.Unix()), Headers: p.Headers}, nil
 }
 
 var keyPartRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`[^A-Za-z0-9._-]+`) })
 
 // newPayloadKey names a new blob after its kind and job when they are
-// given, so a directory listing is readable, and makes it unique.
+// given, so a listing is readable, and makes it unique.
 func newPayloadKey(kind, job *string) string {
 	parts := []string{}
 	for _, p := range []*string{kind, job} {
@@ -363,36 +358,47 @@ func newPayloadKey(kind, job *string) string {
 	return strings.Join(append(parts, strings.ToLower(newULID())), "-")
 }
 
+// errPayloadsElsewhere answers the on-disk payload routes of a control
+// plane whose payloads are in a bucket: its presigned URLs point there.
+func (s *Server) errPayloadsElsewhere() error {
+	if s.payloads == nil {
+		return errNoPayloadStore
+	}
+	return badField(http.StatusNotFound, "token", "this control plane keeps its payloads in %s, so its presigned URLs point there; presign again", s.payloads.st)
+}
+
 func (s *Server) handlePayloadGet(w http.ResponseWriter, r *http.Request) {
-	c, err := s.urlKey.verify(r.PathValue("token"), messages.PresignGet, s.now())
+	if s.payloads == nil || s.payloads.local == nil {
+		writeOperatorError(w, s.errPayloadsElsewhere())
+		return
+	}
+	g, err := s.payloads.local.Authorize(r.PathValue("token"), messages.PresignGet)
 	if err != nil {
+		writeOperatorError(w, blobError(err))
+		return
+	}
+	body, info, err := s.payloads.local.Open(r.Context(), g.Key)
+	if errors.Is(err, blobs.ErrNotFound) {
+		writeOperatorError(w, badField(http.StatusNotFound, "key", "payload %q is gone", path.Base(g.Key)))
+		return
+	}
+	if err != nil {
+		s.log.Error().Err(err).Str("key", g.Key).Msg("payload read")
 		writeOperatorError(w, err)
 		return
 	}
-	m, err := s.payloads.meta(c.NS, c.Key)
-	if errors.Is(err, os.ErrNotExist) {
-		writeOperatorError(w, badField(http.StatusNotFound, "key", "payload %q is gone", c.Key))
-		return
-	}
-	if err != nil {
-		s.log.Error().Err(err).Str("key", c.Key).Msg("payload read")
-		writeOperatorError(w, err)
-		return
-	}
-	f, err := os.Open(s.payloads.path(c.NS, c.Key))
-	if err != nil {
-		s.log.Error().Err(err).Str("key", c.Key).Msg("payload open")
-		writeOperatorError(w, err)
-		return
-	}
-	defer f.Close()
-	w.Header().Set("Content-Type", m.ContentType)
-	w.Header().Set("Content-Length", strconv.FormatInt(m.Size, 10))
-	w.Header().Set("X-Checksum-Sha256", m.SHA256)
+	defer body.Close()
+	w.Header().Set("Content-Type", info.ContentType)
+	w.Header().Set("Content-Length", strconv.FormatInt(info.Size, 10))
+	w.Header().Set("X-Checksum-Sha256", info.SHA256)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	if r.Method != http.MethodHead {
-		_, _ = io.Copy(w, f)
+		if _, err := io.Copy(w, body); err != nil {
+			// The bytes no longer match their checksum, or the disk
+			// failed: the client sees a short body, and the log why.
+			s.log.Error().Err(err).Str("key", g.Key).Msg("payload read")
+		}
 	}
 }
 
@@ -405,39 +411,86 @@ func (s *Server) handlePayloadPut(w http.ResponseWriter, r *http.Request) {
 		}
 		writeOperatorError(w, err)
 	}
-	c, err := s.urlKey.verify(r.PathValue("token"), messages.PresignPut, s.now())
-	if err != nil {
-		fail(err)
+	if s.payloads == nil || s.payloads.local == nil {
+		fail(s.errPayloadsElsewhere())
 		return
 	}
+	local := s.payloads.local
+	g, err := local.Authorize(r.PathValue("token"), messages.PresignPut)
+	if err != nil {
+		fail(blobError(err))
+		return
+	}
+	o := g.Put
 	if r.ContentLength > messages.MaxPayload {
 		fail(badField(http.StatusRequestEntityTooLarge, "body", "%d bytes is over the %d byte payload limit", r.ContentLength, messages.MaxPayload))
 		return
 	}
-	if c.Size >= 0 && r.ContentLength >= 0 && r.ContentLength != c.Size {
-		fail(badField(http.StatusBadRequest, "size", "presigned for %d bytes, Content-Length says %d", c.Size, r.ContentLength))
+	if o.Size >= 0 && r.ContentLength >= 0 && r.ContentLength != o.Size {
+		fail(badField(http.StatusBadRequest, "size", "presigned for %d bytes, Content-Length says %d", o.Size, r.ContentLength))
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, messages.MaxPayload)
-	ct := r.Header.Get("Content-Type")
-	if len(ct) > 200 {
-		ct = ""
+	// The reader keeps why reading stopped, so a broken or stalled
+	// upload is blamed on the client, not the store.
+	body := &countingReader{r: http.MaxBytesReader(w, r.Body, messages.MaxPayload)}
+	if ct := r.Header.Get("Content-Type"); len(ct) <= 200 {
+		o.ContentType = ct
 	}
-	m, err := s.payloads.put(c.NS, c.Key, r.Body, c.Size, ct, s.now())
-	if err != nil {
+	ctx := r.Context()
+	var info blobs.Info
+	if old, err := local.Stat(ctx, g.Key); err == nil {
+		// A payload never changes: the same bytes again are a no-op,
+		// other bytes a conflict.
+		info, err = sameBytes(body, old, o)
+		if err != nil {
+			fail(uploadError(body, err))
+			return
+		}
+	} else if info, err = local.Put(ctx, g.Key, body, o); err != nil {
+		err = uploadError(body, err)
 		var fe *fieldError
 		if !errors.As(err, &fe) {
-			s.log.Error().Err(err).Str("key", c.Key).Msg("payload write")
+			s.log.Error().Err(err).Str("key", g.Key).Msg("payload write")
 		}
 		fail(err)
 		return
 	}
-	s.log.Info().Str("namespace", c.NS).Str("key", c.Key).Int64("size", m.Size).Str("sha256", m.SHA256).Msg("payload stored")
-	sum := m.SHA256
-	ref := &operatorapi.PayloadStored{Bucket: operatorapi.PayloadBucket, Key: c.Key, Size: uint64(m.Size), ContentType: m.ContentType, SHA256: &sum}
+	s.log.Info().Str("key", g.Key).Int64("size", info.Size).Str("sha256", info.SHA256).Msg("payload stored")
+	sum := info.SHA256
+	ref := &operatorapi.PayloadStored{Bucket: operatorapi.PayloadBucket, Key: path.Base(g.Key), Size: uint64(info.Size), ContentType: info.ContentType, SHA256: &sum}
 	if msgpackOut {
 		writeMsgpack(w, http.StatusOK, ref)
 		return
 	}
 	writeJSON(w, http.StatusOK, ref)
+}
+
+// uploadError names why an upload failed: the client's body when reading
+// it broke off, else the store's refusal.
+func uploadError(body *countingReader, err error) error {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(body.err, &mbe):
+		return badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
+	case body.err != nil:
+		return badField(http.StatusBadRequest, "body", "could not be read after %d bytes: %v", body.n, body.err)
+	}
+	return blobError(err)
+}
+
+// sameBytes hashes an upload to a payload that exists: the same bytes
+// answer its description, others a 409.
+func sameBytes(body io.Reader, old blobs.Info, o blobs.PutOptions) (blobs.Info, error) {
+	h := sha256.New()
+	n, err := io.Copy(h, body)
+	if err != nil {
+		return blobs.Info{}, blobError(err)
+	}
+	if o.Size >= 0 && n != o.Size {
+		return blobs.Info{}, badField(http.StatusBadRequest, "size", "presigned for %d bytes, got %d", o.Size, n)
+	}
+	if hex.EncodeToString(h.Sum(nil)) != old.SHA256 {
+		return blobs.Info{}, badField(http.StatusConflict, "key", "payload %q already exists with other content", path.Base(old.Key))
+	}
+	return old, nil
 }

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"nymph/lakeshore/blobs"
+
 	"github.com/rs/zerolog"
 
 	"nymph/identity"
@@ -45,11 +47,29 @@ type Config struct {
 	// Store holds the state (required). Close closes it; if New fails, it
 	// is still the caller's to close.
 	Store store.Store
-	// Payloads keeps blobs; nil means none, and the payload routes say so.
+	// Payloads is the directory a lone control plane keeps payload blobs
+	// in; nil means none, and the payload routes say so.
 	Payloads *PayloadStore
 	// Releases keeps the published binaries; nil means none, and the
 	// release routes say so.
 	Releases *releases.Store
+	// Blobs, when set, is a blob store the replicas share (a bucket):
+	// payloads are kept in it under "payloads/" and releases under
+	// "releases/", and Payloads and Releases are not used. Presigned
+	// payload URLs are then the bucket's own.
+	Blobs blobs.Store
+	// BlobsPublicURL, with Blobs, is a public URL of the bucket prefix
+	// (a CDN or an R2 public domain): release downloads are handed out
+	// under it instead of through this control plane's release route,
+	// which redirects to a short-lived presigned URL.
+	BlobsPublicURL string
+	// PayloadRetention is how long a payload is kept after the job that
+	// holds it finished (or after its upload, when no job holds it);
+	// zero means DefaultPayloadRetention, negative keeps them forever.
+	PayloadRetention time.Duration
+	// PayloadSweepInterval is how often expired payloads are deleted;
+	// zero means a tenth of the retention, at most ten minutes.
+	PayloadSweepInterval time.Duration
 	// Notifier carries wake-ups to and from the other replicas sharing
 	// Store; nil keeps them in this process (one control plane). Signature
 	// nonces are recorded in Store either way, so a request replayed to
@@ -125,8 +145,7 @@ type Server struct {
 	handler           http.Handler
 	rel               releaseState
 	launchers         *launcherCache
-	payloads          *PayloadStore
-	urlKey            urlKey
+	payloads          *payloads
 	ident             *identityState
 	nonces            *nonceLedger
 	tls               *tls.Config
@@ -211,7 +230,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		addr:        cfg.Addr,
 		wake:        newHub(),
 		rel:         releaseState{store: cfg.Releases, maxSize: releases.MaxBinarySize, client: &http.Client{Timeout: sidecarTimeout}},
-		payloads:    cfg.Payloads,
 		launchers:   &launcherCache{open: cfg.OpenProvider},
 		pollCap:     maxPollWait,
 		waitCap:     maxExecWait,
@@ -254,7 +272,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	s.urlKey = newURLKey(s.adminToken)
 	if s.tls, err = loadTLS(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
@@ -270,7 +287,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.ident = newIdentityState(s.st, s.caches, cfg.RequireSignatures, cfg.KeyRotationMaxAge,
 		identity.WithNonceLedger(s.nonces), identity.WithKeyRate(rate, burst))
-	if err := cfg.Payloads.migrateLegacy(s.log); err != nil {
+	if cfg.Blobs == nil {
+		if err := cfg.Payloads.migrateLegacy(s.log); err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
+	}
+	if s.payloads, err = openPayloads(cfg, payloadURLKey(s.adminToken), s.now); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	s.handler = s.middleware(s.routes())
@@ -285,6 +307,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		purge = DefaultNoncePurgeInterval
 	}
 	s.startNoncePurge(purge)
+	s.startPayloadRetention(cfg.PayloadSweepInterval)
 	return s, nil
 }
 

@@ -3,13 +3,15 @@ package opclient
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"nymph/backoff"
@@ -110,10 +112,14 @@ func (c *Client) Presign(ctx context.Context, req messages.PresignRequest) (mess
 
 // UploadPayload stores data in the payload store and returns its ref; kind
 // (may be empty) goes into the generated key. The key can then be given as
-// InvocationRequest.ArgsKey.
+// InvocationRequest.ArgsKey. The bytes go straight to the URL presign
+// answers — the control plane's own route, or its bucket — with their
+// size and sha256 declared, so the store refuses anything else.
 func (c *Client) UploadPayload(ctx context.Context, data []byte, kind string) (messages.PayloadRef, error) {
 	size := uint64(len(data))
-	req := messages.PresignRequest{Op: messages.PresignPut, Size: &size}
+	digest := sha256.Sum256(data)
+	sum := hex.EncodeToString(digest[:])
+	req := messages.PresignRequest{Op: messages.PresignPut, Size: &size, SHA256: &sum}
 	if kind != "" {
 		req.Kind = &kind
 	}
@@ -121,14 +127,14 @@ func (c *Client) UploadPayload(ctx context.Context, data []byte, kind string) (m
 	if err != nil {
 		return messages.PayloadRef{}, err
 	}
-	var ref messages.PayloadRef
-	if err := c.capability(ctx, http.MethodPut, p.URL, data, func(body []byte) error {
-		return json.Unmarshal(body, &ref)
-	}); err != nil {
+	if err := c.capability(ctx, http.MethodPut, p.URL, p.Headers, data, func([]byte) error { return nil }); err != nil {
 		return messages.PayloadRef{}, err
 	}
-	return ref, nil
+	return messages.PayloadRef{Bucket: operatorapi.PayloadBucket, Key: p.Key, Size: size, ContentType: payloadContentType, SHA256: &sum}, nil
 }
+
+// payloadContentType is what UploadPayload stores.
+const payloadContentType = "application/octet-stream"
 
 // DownloadPayload reads a blob of the payload store by key.
 func (c *Client) DownloadPayload(ctx context.Context, key string) ([]byte, error) {
@@ -137,7 +143,7 @@ func (c *Client) DownloadPayload(ctx context.Context, key string) ([]byte, error
 		return nil, err
 	}
 	var out []byte
-	err = c.capability(ctx, http.MethodGet, p.URL, nil, func(body []byte) error {
+	err = c.capability(ctx, http.MethodGet, p.URL, p.Headers, nil, func(body []byte) error {
 		out = body
 		return nil
 	})
@@ -146,7 +152,7 @@ func (c *Client) DownloadPayload(ctx context.Context, key string) ([]byte, error
 
 // capability calls a presigned URL. The URL is its own credential, so the
 // admin token is not sent along.
-func (c *Client) capability(ctx context.Context, method, rawURL string, body []byte, read func([]byte) error) error {
+func (c *Client) capability(ctx context.Context, method, rawURL string, headers map[string]string, body []byte, read func([]byte) error) error {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -157,7 +163,14 @@ func (c *Client) capability(ctx context.Context, method, rawURL string, body []b
 	}
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
-		req.Header.Set("Content-Type", "application/octet-stream")
+		req.Header.Set("Content-Type", payloadContentType)
+	}
+	// A bucket's presigned put signs some headers; they must be sent
+	// exactly (the length is the body's).
+	for k, v := range headers {
+		if !strings.EqualFold(k, "Content-Length") {
+			req.Header.Set(k, v)
+		}
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
