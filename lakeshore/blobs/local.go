@@ -442,3 +442,5 @@ func (l *Local) Authorize(token, op string) (Grant, error) {
 	}
 	return Grant{Key: c.Key, Put: PutOptions{Size: c.Size, Max: c.Max, SHA256: c.SHA256, ContentType: c.Type}}, nil
 }
+
+var _ Store = (*Local)(nil)
