@@ -1,0 +1,223 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/xml"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"nymph/lakeshore/operatorapi"
+	"nymph/test/harness"
+	"nymph/test/realparts"
+)
+
+// rotatingProxy is the round-robin load balancer in front of the
+// replicas: each request goes to the next replica in turn. Requests are
+// counted in turns of their own kind (presign, submit, publish, ...), and
+// a kind's first turn is offset so that the steps of one flow alternate —
+// a payload uploaded through one replica is fetched through the other, a
+// release published through one is listed and updated to through the
+// other — rather than depending on how the daemon's polls happen to fall.
+type rotatingProxy struct {
+	URL     string
+	mu      sync.Mutex
+	targets []*url.URL
+	turns   map[string]int
+	served  map[string][]int // kind -> the replica of each request, in order
+}
+
+// firstTurn offsets the kinds that follow another in a flow.
+var firstTurn = map[string]int{"presign": 1, "update": 1, "releases": 1, "download": 1}
+
+func requestKind(r *http.Request) string {
+	p := r.URL.Path
+	switch {
+	case strings.HasSuffix(p, "/payloads/presign"):
+		return "presign"
+	case r.Method == http.MethodPost && strings.HasSuffix(p, "/invocations"):
+		return "submit"
+	case r.Method == http.MethodPost && p == "/v1/releases":
+		return "publish"
+	case r.Method == http.MethodGet && p == "/v1/releases":
+		return "releases"
+	case strings.HasPrefix(p, "/v1/releases/"):
+		return "download"
+	case strings.HasSuffix(p, "/update"):
+		return "update"
+	}
+	return "other"
+}
+
+func startRotatingProxy(t *testing.T) *rotatingProxy {
+	t.Helper()
+	p := &rotatingProxy{turns: map[string]int{}, served: map[string][]int{}}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			kind := requestKind(r.In)
+			p.mu.Lock()
+			n, ok := p.turns[kind]
+			if !ok {
+				n = firstTurn[kind]
+			}
+			p.turns[kind] = n + 1
+			i := n % len(p.targets)
+			p.served[kind] = append(p.served[kind], i)
+			target := p.targets[i]
+			p.mu.Unlock()
+			r.SetURL(target)
+		},
+		// The proxy is transparent: a release download's redirect to the
+		// bucket reaches the daemon as the replica sent it.
+	}
+	srv := httptest.NewServer(rp)
+	t.Cleanup(srv.Close)
+	p.URL = srv.URL
+	return p
+}
+
+func (p *rotatingProxy) set(targets ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range targets {
+		u, _ := url.Parse(s)
+		p.targets = append(p.targets, u)
+	}
+}
+
+// servedBy is the replicas that answered requests of kind, in order.
+func (p *rotatingProxy) servedBy(kind string) []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.served[kind])
+}
+
+// bucketKeys lists the keys under prefix in a moto bucket (moto answers
+// an unsigned ListObjectsV2).
+func bucketKeys(t *testing.T, moto *realparts.Moto, bucket, prefix string) []string {
+	t.Helper()
+	resp, err := http.Get(moto.URL + "/" + bucket + "?list-type=2&prefix=" + url.QueryEscape(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var out struct {
+		Contents []struct {
+			Key string `xml:"Key"`
+		} `xml:"Contents"`
+	}
+	if resp.StatusCode != http.StatusOK || xml.Unmarshal(body, &out) != nil {
+		t.Fatalf("list s3://%s/%s: %s %s", bucket, prefix, resp.Status, body)
+	}
+	keys := []string{}
+	for _, c := range out.Contents {
+		keys = append(keys, c.Key)
+	}
+	return keys
+}
+
+// TestReplicasShareBlobsInABucket: two replicas on one PostgreSQL and one
+// S3 bucket (moto), behind a round-robin proxy that daemon and operator
+// both go through. A run with a 5 MiB argument (a payload_ref), a release
+// publish and a `daemon update` all succeed with their steps landing on
+// different replicas, and the bytes are in the bucket, not on either
+// replica's disk.
+func TestReplicasShareBlobsInABucket(t *testing.T) {
+	t.Parallel()
+	moto := realparts.StartMoto(t)
+	moto.CreateBucket(t, "fleet")
+	pg := realparts.StartPostgres(t)
+	proxy := startRotatingProxy(t)
+	args := []string{"--store", pg.DSN, "--blobs", "s3://fleet/cp", "--blobs-endpoint", moto.URL, "--public-url", proxy.URL}
+	a := harness.StartControlPlane(t, harness.CPOptions{Env: moto.Env, Args: args})
+	b := harness.StartControlPlane(t, harness.CPOptions{Env: moto.Env, Args: args, AdminToken: a.AdminToken, DaemonToken: a.DaemonToken})
+	proxy.set(a.URL, b.URL)
+	// The operator goes through the proxy too.
+	a.Env = append(a.Env, "LAKESHORE_URL="+proxy.URL)
+	op := a
+
+	bin, _ := privateNymph(t, op)
+	v2Path, v2 := v2Nymph(t)
+	op.StartDaemon(t, harness.DaemonOptions{Label: "shared", Bin: bin, Runners: []string{"process"}, ServerURL: proxy.URL})
+
+	script := writeTemp(t, "sum.sh", []byte(`printf %s "$(sha256sum < "$NYMPH_ARGS_PATH" | cut -c1-64)" > "$NYMPH_RESULT_PATH"`))
+	for i := range 2 {
+		data := randBytes(t, 5<<20)
+		sum := sha256.Sum256(data)
+		inv, r := runInv(t, op, "--runner", "process", "--args-file", writeTemp(t, fmt.Sprintf("args-%d.bin", i), data), "--script", script)
+		expectSucceeded(t, fmt.Sprintf("run %d with 5 MiB args", i), inv, r, []byte(hex.EncodeToString(sum[:])))
+		if inv.ArgsKey == "" || inv.ArgsSize != 5<<20 {
+			t.Fatalf("run %d: the args did not travel as a payload: key %q, size %d", i, inv.ArgsKey, inv.ArgsSize)
+		}
+	}
+	// Each run presigned twice (the CLI's put, the daemon's get) and was
+	// submitted once: the upload and the fetch of each went through
+	// different replicas, and the second run was submitted through the
+	// replica its args were uploaded through.
+	if got := proxy.servedBy("presign"); !slices.Equal(got, []int{1, 0, 1, 0}) {
+		t.Fatalf("presigns served by %v, want [1 0 1 0] (each put through B, each get through A)", got)
+	}
+	if got := proxy.servedBy("submit"); !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("submits served by %v", got)
+	}
+
+	publish(t, op, v2Path, v2Version)
+	var list operatorapi.ReleaseList
+	r := op.CLI(t, "release", "list", "--json")
+	expectCode(t, r, 0)
+	list = mustJSON[operatorapi.ReleaseList](t, r)
+	if len(list.Releases) != 1 || list.Releases[0].Version != v2Version || list.Releases[0].SHA256 != sha(v2) {
+		t.Fatalf("the other replica lists %+v, want %s published through the first", list.Releases, v2Version)
+	}
+	r = op.CLI(t, "daemon", "update", "shared", "--version", v2Version, "--json")
+	expectCode(t, r, 0)
+	q := mustJSON[operatorapi.UpdateQueued](t, r)
+	if q.SHA256 != sha(v2) || !strings.HasPrefix(q.URL, proxy.URL+"/v1/releases/"+v2Version+"/") {
+		t.Fatalf("queued update %+v, want the bucket's release through the control plane's URL", q)
+	}
+	waitVersion(t, op, "shared", v2Version)
+	if got := proxy.servedBy("publish"); !slices.Equal(got, []int{0}) {
+		t.Fatalf("publish served by %v", got)
+	}
+	if got := proxy.servedBy("releases"); len(got) == 0 || got[0] != 1 {
+		t.Fatalf("release lists served by %v, want the first through B", got)
+	}
+	if got := proxy.servedBy("update"); !slices.Equal(got, []int{1}) {
+		t.Fatalf("update served by %v", got)
+	}
+	if got := proxy.servedBy("download"); len(got) == 0 {
+		t.Fatal("the daemon downloaded its update from somewhere other than the control plane's release URL")
+	}
+
+	// The bytes are in the bucket, and on neither replica's disk.
+	if keys := bucketKeys(t, moto, "fleet", "cp/payloads/default/"); len(keys) != 2 {
+		t.Fatalf("payloads in the bucket: %v, want the two runs' args", keys)
+	}
+	want := []string{"cp/releases/" + v2Version + "/nymph-x86_64-unknown-linux-gnu", "cp/releases/" + v2Version + "/nymph-x86_64-unknown-linux-gnu.sha256"}
+	if keys := bucketKeys(t, moto, "fleet", "cp/releases/"); !slices.Equal(keys, want) {
+		t.Fatalf("releases in the bucket: %v, want %v", keys, want)
+	}
+	// Deleting the release removes both its objects.
+	expectCode(t, op.CLI(t, "release", "delete", v2Version), 0)
+	if keys := bucketKeys(t, moto, "fleet", "cp/releases/"); len(keys) != 0 {
+		t.Fatalf("after release delete the bucket still holds %v", keys)
+	}
+	for _, cp := range []*harness.ControlPlane{a, b} {
+		for _, dir := range []string{"payloads", "releases"} {
+			if ents, err := os.ReadDir(filepath.Join(cp.DataDir, dir)); err == nil && len(ents) > 0 {
+				t.Fatalf("%s holds %s/ on its own disk: %v", cp.Addr, dir, ents)
+			}
+		}
+	}
+}
