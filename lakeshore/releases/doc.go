@@ -2,7 +2,12 @@
 // over-the-air updates: storing them, listing them, and serving them to
 // daemons with a sha256 sidecar.
 //
-// # Layout
+// Two catalogues satisfy one interface, Catalogue: Store, one directory
+// (a single control plane), and Bucket, a prefix of a blob store that
+// control-plane replicas share (see Bucket for its layout, which has no
+// index so that concurrent publishers never lose each other's releases).
+//
+// # Layout of a Store
 //
 // Under the store's directory (typically DataDir/releases):
 //
