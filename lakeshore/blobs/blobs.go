@@ -13,7 +13,7 @@
 // operation on the one key until it expires, with no other credential.
 // S3's are the bucket's own SigV4 URLs, so the bytes never pass through
 // the control plane; Local's are HMAC-signed tokens for the control plane's
-// own payload route, which Local serves (ServeGet, ServePut).
+// own payload route, which Local checks (Authorize) and serves (Handler).
 package blobs
 
 import (
@@ -43,6 +43,8 @@ var (
 	// ErrDenied: a presigned URL was forged, tampered with, or used for
 	// another operation.
 	ErrDenied = errors.New("blobs: presigned URL not valid")
+	// ErrInvalidKey: the key is not one ValidKey accepts.
+	ErrInvalidKey = errors.New("blobs: invalid key")
 )
 
 // Info describes one stored blob.
