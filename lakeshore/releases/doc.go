@@ -27,4 +27,6 @@
 // <prefix>/<version>/<triple>.sha256 (the sidecar); URLFor builds the first.
 // The sidecar is what `lakeshore daemon update` reads when no --sha256 is
 // given; FetchChecksum does that for a URL outside this store.
+// Bucket.Handler serves the same paths from a bucket: the binary streamed
+// through, or redirected to a presigned GET of the bucket itself.
 package releases
