@@ -153,6 +153,7 @@ func (a *app) rootCmd() *cobra.Command {
 		a.versionCmd(),
 		a.releaseCmd(), a.queueCmd(), a.providerCmd(),
 		a.runCmd(), a.invocationsCmd(),
+		a.blobsCmd(),
 	)
 	return root
 }

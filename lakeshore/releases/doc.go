@@ -2,7 +2,12 @@
 // over-the-air updates: storing them, listing them, and serving them to
 // daemons with a sha256 sidecar.
 //
-// # Layout
+// Two catalogues satisfy one interface, Catalogue: Store, one directory
+// (a single control plane), and Bucket, a prefix of a blob store that
+// control-plane replicas share (see Bucket for its layout, which has no
+// index so that concurrent publishers never lose each other's releases).
+//
+// # Layout of a Store
 //
 // Under the store's directory (typically DataDir/releases):
 //
@@ -22,4 +27,6 @@
 // <prefix>/<version>/<triple>.sha256 (the sidecar); URLFor builds the first.
 // The sidecar is what `lakeshore daemon update` reads when no --sha256 is
 // given; FetchChecksum does that for a URL outside this store.
+// Bucket.Handler serves the same paths from a bucket: the binary streamed
+// through, or redirected to a presigned GET of the bucket itself.
 package releases

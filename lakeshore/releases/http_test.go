@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -24,12 +25,58 @@ import (
 
 func serve(t *testing.T, s *Store) *httptest.Server {
 	t.Helper()
+	return serveHandler(t, s.Handler(dist.DefaultPrefix))
+}
+
+func serveHandler(t *testing.T, h http.Handler) *httptest.Server {
+	t.Helper()
 	mux := http.NewServeMux()
-	mux.Handle(dist.DefaultPrefix+"/", s.Handler(dist.DefaultPrefix))
+	mux.Handle(dist.DefaultPrefix+"/", h)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv
 }
+
+// served is a catalogue behind its handler.
+type served struct {
+	cat Catalogue
+	srv *httptest.Server
+	// ranges: the handler serves Range requests (Store's does; a
+	// streamed bucket's does not, a presigned one's store does).
+	ranges bool
+	// redirects: a binary is a redirect to a presigned URL.
+	redirects bool
+}
+
+// handlers are the ways a release download is served: from a Store, a
+// Bucket streamed through the control plane, and a Bucket on S3 whose
+// binaries are presigned redirects to the bucket itself.
+var handlers = []struct {
+	name string
+	open func(t *testing.T) served
+}{
+	{"store", func(t *testing.T) served {
+		s := openStore(t)
+		return served{cat: s, srv: serve(t, s), ranges: true}
+	}},
+	{"bucket-local-streamed", func(t *testing.T) served {
+		b := NewBucket(localBlobs(t), DefaultBucketPrefix)
+		return served{cat: b, srv: serveHandler(t, b.Handler(dist.DefaultPrefix, 0))}
+	}},
+	{"bucket-s3-presigned", func(t *testing.T) served {
+		b := NewBucket(s3Blobs(t), DefaultBucketPrefix)
+		return served{cat: b, srv: serveHandler(t, b.Handler(dist.DefaultPrefix, time.Minute)), ranges: true, redirects: true}
+	}},
+}
+
+func eachHandler(t *testing.T, test func(t *testing.T, h served)) {
+	for _, h := range handlers {
+		t.Run(h.name, func(t *testing.T) { test(t, h.open(t)) })
+	}
+}
+
+// noFollow, as a header of get, returns a redirect instead of following it.
+const noFollow = "X-Test-No-Follow"
 
 func get(t *testing.T, method, url string, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
@@ -37,10 +84,15 @@ func get(t *testing.T, method, url string, hdr map[string]string) (*http.Respons
 	if err != nil {
 		t.Fatal(err)
 	}
+	client := http.DefaultClient
 	for k, v := range hdr {
+		if k == noFollow {
+			client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+			continue
+		}
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,10 +105,13 @@ func get(t *testing.T, method, url string, hdr map[string]string) (*http.Respons
 }
 
 func TestHandlerServesBinaryAndSidecar(t *testing.T) {
-	s := openStore(t)
+	eachHandler(t, func(t *testing.T, h served) { testHandlerServes(t, h) })
+}
+
+func testHandlerServes(t *testing.T, h served) {
+	s, srv := h.cat, h.srv
 	body := randomBytes(t, 100<<10)
 	rel := publish(t, s, body, "0.4.0", "x86_64-unknown-linux-gnu")
-	srv := serve(t, s)
 	binURL := dist.URLFor(srv.URL+"/", dist.DefaultPrefix, rel.Version, rel.Triple)
 	if want := srv.URL + "/v1/releases/0.4.0/x86_64-unknown-linux-gnu"; binURL != want {
 		t.Fatalf("dist.URLFor = %s, want %s", binURL, want)
@@ -66,30 +121,42 @@ func TestHandlerServesBinaryAndSidecar(t *testing.T) {
 	if resp.StatusCode != 200 || !bytes.Equal(got, body) {
 		t.Fatalf("GET binary: %s, %d bytes", resp.Status, len(got))
 	}
-	if resp.Header.Get("ETag") != `"`+rel.SHA256+`"` || resp.Header.Get("Content-Type") != "application/octet-stream" || resp.ContentLength != int64(len(body)) {
+	if resp.ContentLength != int64(len(body)) || (!h.redirects && (resp.Header.Get("ETag") != `"`+rel.SHA256+`"` || resp.Header.Get("Content-Type") != "application/octet-stream")) {
 		t.Fatalf("binary headers: %v", resp.Header)
+	}
+	if h.redirects {
+		resp, _ := get(t, http.MethodGet, binURL, map[string]string{noFollow: "1"})
+		if resp.StatusCode != http.StatusFound || !strings.HasPrefix(resp.Header.Get("Location"), "http") || strings.HasPrefix(resp.Header.Get("Location"), srv.URL) {
+			t.Fatalf("a presigned bucket's binary: %s to %q, want a redirect to the bucket", resp.Status, resp.Header.Get("Location"))
+		}
 	}
 
 	resp, got = get(t, http.MethodGet, binURL+".sha256", nil)
 	if resp.StatusCode != 200 || string(got) != rel.SHA256+"  nymph-x86_64-unknown-linux-gnu\n" {
 		t.Fatalf("GET sidecar: %s %q", resp.Status, got)
 	}
-	side, _ := os.ReadFile(rel.Path + ".sha256")
-	if !bytes.Equal(got, side) {
-		t.Fatalf("served sidecar %q differs from the file %q", got, side)
+	if st, ok := s.(*Store); ok {
+		side, _ := os.ReadFile(st.binPath(rel.Version, rel.Triple) + ".sha256")
+		if !bytes.Equal(got, side) {
+			t.Fatalf("served sidecar %q differs from the file %q", got, side)
+		}
 	}
 
 	resp, got = get(t, http.MethodHead, binURL, nil)
 	if resp.StatusCode != 200 || len(got) != 0 || resp.ContentLength != int64(len(body)) {
 		t.Fatalf("HEAD: %s len=%d body=%d", resp.Status, resp.ContentLength, len(got))
 	}
-	resp, got = get(t, http.MethodGet, binURL, map[string]string{"Range": "bytes=10-19"})
-	if resp.StatusCode != http.StatusPartialContent || !bytes.Equal(got, body[10:20]) {
-		t.Fatalf("Range: %s %x", resp.Status, got)
+	if h.ranges {
+		resp, got = get(t, http.MethodGet, binURL, map[string]string{"Range": "bytes=10-19"})
+		if resp.StatusCode != http.StatusPartialContent || !bytes.Equal(got, body[10:20]) {
+			t.Fatalf("Range: %s %x", resp.Status, got)
+		}
 	}
-	resp, _ = get(t, http.MethodGet, binURL, map[string]string{"If-None-Match": `"` + rel.SHA256 + `"`})
-	if resp.StatusCode != http.StatusNotModified {
-		t.Fatalf("If-None-Match: %s", resp.Status)
+	if !h.redirects {
+		resp, _ = get(t, http.MethodGet, binURL, map[string]string{"If-None-Match": `"` + rel.SHA256 + `"`})
+		if resp.StatusCode != http.StatusNotModified {
+			t.Fatalf("If-None-Match: %s", resp.Status)
+		}
 	}
 
 	sum, err := dist.FetchChecksum(context.Background(), srv.Client(), binURL)
@@ -123,12 +190,21 @@ func TestHandlerServesBinaryAndSidecar(t *testing.T) {
 }
 
 // TestReadersSeeConsistentReleases downloads while the same version is
-// re-published: every response's bytes must hash to its own ETag.
+// re-published: every response's bytes must hash to its own ETag. A
+// streamed bucket may instead answer 503 while it holds a new binary under
+// the old sidecar, but never bytes its ETag does not name.
 func TestReadersSeeConsistentReleases(t *testing.T) {
-	s := openStore(t)
+	eachHandler(t, func(t *testing.T, h served) {
+		if h.redirects {
+			t.Skip("a presigned download's bytes are the bucket's; the daemon checks them against its command's sha256")
+		}
+		testReadersSeeConsistentReleases(t, h.cat, h.srv)
+	})
+}
+
+func testReadersSeeConsistentReleases(t *testing.T, s Catalogue, srv *httptest.Server) {
 	const v, tr = "0.5.0", "x86_64-unknown-linux-gnu"
 	publish(t, s, randomBytes(t, 64<<10), v, tr)
-	srv := serve(t, s)
 	url := dist.URLFor(srv.URL, dist.DefaultPrefix, v, tr)
 
 	done := make(chan struct{})
@@ -161,6 +237,9 @@ func TestReadersSeeConsistentReleases(t *testing.T) {
 				}
 				body, err := io.ReadAll(resp.Body)
 				resp.Body.Close()
+				if _, bucket := s.(*Bucket); bucket && resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" {
+					continue
+				}
 				if err != nil || resp.StatusCode != 200 {
 					t.Errorf("GET: %s %v", resp.Status, err)
 					return
@@ -184,10 +263,12 @@ func TestDaemonInstallsFromStore(t *testing.T) {
 	if !ok || runtime.GOOS != "linux" {
 		t.Skipf("fake ELF built only for linux amd64/arm64, not %s/%s", runtime.GOOS, runtime.GOARCH)
 	}
-	s := openStore(t)
+	eachHandler(t, func(t *testing.T, h served) { testDaemonInstalls(t, machine, h.cat, h.srv) })
+}
+
+func testDaemonInstalls(t *testing.T, machine elf.Machine, s Catalogue, srv *httptest.Server) {
 	body := fakeelf.New(t, machine, 256<<10)
 	rel := publish(t, s, body, "0.6.0", "")
-	srv := serve(t, s)
 
 	url := dist.URLFor(srv.URL, dist.DefaultPrefix, rel.Version, rel.Triple)
 	sum, err := dist.FetchChecksum(context.Background(), srv.Client(), url)

@@ -319,12 +319,55 @@ func (s *Store) Latest(triple string) (Release, error) {
 	if err != nil {
 		return Release{}, err
 	}
-	for i := len(all) - 1; i >= 0; i-- {
-		if all[i].Triple == triple {
-			return all[i], nil
-		}
+	return latestOf(all, triple)
+}
+
+// The Context variants make Store a Catalogue. The store is a local
+// directory, so ctx is only checked before the work starts.
+
+// DeleteContext is Delete, for Catalogue.
+func (s *Store) DeleteContext(ctx context.Context, version, triple string) (Release, error) {
+	if err := ctx.Err(); err != nil {
+		return Release{}, err
 	}
-	return Release{}, fmt.Errorf("%w: no release for triple %s", ErrNotFound, triple)
+	return s.Delete(version, triple)
+}
+
+// ListContext is List, for Catalogue.
+func (s *Store) ListContext(ctx context.Context) ([]Release, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.List()
+}
+
+// GetContext is Get, for Catalogue.
+func (s *Store) GetContext(ctx context.Context, version, triple string) (Release, error) {
+	if err := ctx.Err(); err != nil {
+		return Release{}, err
+	}
+	return s.Get(version, triple)
+}
+
+// LatestContext is Latest, for Catalogue.
+func (s *Store) LatestContext(ctx context.Context, triple string) (Release, error) {
+	if err := ctx.Err(); err != nil {
+		return Release{}, err
+	}
+	return s.Latest(triple)
+}
+
+// Open opens the release's binary under the shared lock, so the bytes read
+// match the Release returned even if the version is re-published meanwhile.
+func (s *Store) Open(ctx context.Context, version, triple string) (io.ReadCloser, Release, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, Release{}, err
+	}
+	rel, f, err := s.open(version, triple, true)
+	if err != nil {
+		return nil, Release{}, err
+	}
+	return f, rel, nil
 }
 
 // open looks the release up and, with withFile, opens its binary while the

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"testing"
 
 	"nymph/dist"
+	"nymph/lakeshore/blobs"
 	"nymph/test/fakeelf"
 	"nymph/test/realparts"
 )
@@ -44,15 +46,6 @@ func openStore(t *testing.T) *Store {
 	return s
 }
 
-func publish(t *testing.T, s *Store, body []byte, version, triple string) Release {
-	t.Helper()
-	rel, err := s.Publish(context.Background(), bytes.NewReader(body), version, triple)
-	if err != nil {
-		t.Fatalf("Publish(%s, %s): %v", version, triple, err)
-	}
-	return rel
-}
-
 func assertNoTemps(t *testing.T, dir string) {
 	t.Helper()
 	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
@@ -72,68 +65,88 @@ func assertNoTemps(t *testing.T, dir string) {
 }
 
 func TestPublishListGet(t *testing.T) {
-	s := openStore(t)
-	const gnu, arm = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
-	bins := map[string][]byte{}
-	for _, p := range []struct{ v, tr string }{{"0.1.10", gnu}, {"0.1.9", gnu}, {"0.1.10", arm}, {"0.2.0-rc.1", gnu}, {"0.2.0", gnu}} {
-		b := randomBytes(t, 4096)
-		bins[p.v+"/"+p.tr] = b
-		rel := publish(t, s, b, p.v, p.tr)
-		if rel.SHA256 != hexSum(b) || rel.Size != 4096 || rel.Version != p.v || rel.Triple != p.tr || rel.PublishedAt.IsZero() {
-			t.Fatalf("Publish returned %+v", rel)
+	eachCatalogue(t, func(t *testing.T, f fixture) {
+		ctx := context.Background()
+		const gnu, arm = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
+		bins := map[string][]byte{}
+		for _, p := range []struct{ v, tr string }{{"0.1.10", gnu}, {"0.1.9", gnu}, {"0.1.10", arm}, {"0.2.0-rc.1", gnu}, {"0.2.0", gnu}} {
+			b := randomBytes(t, 4096)
+			bins[p.v+"/"+p.tr] = b
+			rel := publish(t, f.cat, b, p.v, p.tr)
+			if rel.SHA256 != hexSum(b) || rel.Size != 4096 || rel.Version != p.v || rel.Triple != p.tr || rel.PublishedAt.IsZero() {
+				t.Fatalf("Publish returned %+v", rel)
+			}
+			bin, side := f.stored(t, p.v, p.tr)
+			if !bytes.Equal(bin, b) {
+				t.Fatal("stored bytes differ from the published ones")
+			}
+			if want := hexSum(b) + "  nymph-" + p.tr + "\n"; string(side) != want || string(side) != rel.Sidecar() {
+				t.Fatalf("sidecar %q, want %q", side, want)
+			}
+			if f.store == nil {
+				if rel.Path != "" {
+					t.Fatalf("a bucket release has Path %q", rel.Path)
+				}
+				continue
+			}
+			if rel.Path != filepath.Join(f.store.Dir(), p.v, "nymph-"+p.tr) {
+				t.Fatalf("Path %s", rel.Path)
+			}
+			st, err := os.Stat(rel.Path)
+			if err != nil || st.Mode().Perm() != 0o755 {
+				t.Fatalf("binary %s: %v %v", rel.Path, st, err)
+			}
 		}
-		if rel.Path != filepath.Join(s.Dir(), p.v, "nymph-"+p.tr) {
-			t.Fatalf("Path %s", rel.Path)
+
+		all := list(t, f.cat)
+		want := "0.1.9/" + gnu + " 0.1.10/" + arm + " 0.1.10/" + gnu + " 0.2.0-rc.1/" + gnu + " 0.2.0/" + gnu
+		if got := names(all); got != want {
+			t.Fatalf("List order\n got %v\nwant %v", got, want)
 		}
-		st, err := os.Stat(rel.Path)
-		if err != nil || st.Mode().Perm() != 0o755 {
-			t.Fatalf("binary %s: %v %v", rel.Path, st, err)
+		for _, r := range all {
+			if r.SHA256 != hexSum(bins[r.Version+"/"+r.Triple]) || r.Size != 4096 || r.PublishedAt.IsZero() {
+				t.Fatalf("listed %+v", r)
+			}
 		}
-	}
 
-	all, err := s.List()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, r := range all {
-		got = append(got, r.Version+"/"+r.Triple)
-	}
-	want := []string{"0.1.9/" + gnu, "0.1.10/" + arm, "0.1.10/" + gnu, "0.2.0-rc.1/" + gnu, "0.2.0/" + gnu}
-	if strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Fatalf("List order\n got %v\nwant %v", got, want)
-	}
+		rel, err := f.cat.GetContext(ctx, "0.1.10", arm)
+		if err != nil || rel.SHA256 != hexSum(bins["0.1.10/"+arm]) || rel.Size != 4096 {
+			t.Fatalf("Get: %+v %v", rel, err)
+		}
+		rc, orel, err := f.cat.Open(ctx, "0.1.10", arm)
+		if err != nil || orel.SHA256 != rel.SHA256 {
+			t.Fatalf("Open: %+v %v", orel, err)
+		}
+		opened, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || !bytes.Equal(opened, bins["0.1.10/"+arm]) {
+			t.Fatalf("Open read %d bytes, %v", len(opened), err)
+		}
+		if _, err := f.cat.GetContext(ctx, "0.1.11", gnu); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Get of a missing version: %v, want ErrNotFound", err)
+		}
+		if _, err := f.cat.GetContext(ctx, "0.1.9", arm); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Get of a missing triple: %v, want ErrNotFound", err)
+		}
+		if _, _, err := f.cat.Open(ctx, "0.1.9", arm); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Open of a missing triple: %v, want ErrNotFound", err)
+		}
+		if l, err := f.cat.LatestContext(ctx, gnu); err != nil || l.Version != "0.2.0" {
+			t.Fatalf("Latest(gnu) = %+v, %v", l, err)
+		}
+		if _, err := f.cat.LatestContext(ctx, "riscv64gc-unknown-linux-gnu"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Latest of an unpublished triple: %v", err)
+		}
 
-	rel, err := s.Get("0.1.10", arm)
-	if err != nil || rel.SHA256 != hexSum(bins["0.1.10/"+arm]) {
-		t.Fatalf("Get: %+v %v", rel, err)
-	}
-	onDisk, _ := os.ReadFile(rel.Path)
-	if !bytes.Equal(onDisk, bins["0.1.10/"+arm]) {
-		t.Fatal("stored bytes differ from the published ones")
-	}
-	if _, err := s.Get("0.1.11", gnu); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Get of a missing version: %v, want ErrNotFound", err)
-	}
-	if _, err := s.Get("0.1.9", arm); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Get of a missing triple: %v, want ErrNotFound", err)
-	}
-	if l, err := s.Latest(gnu); err != nil || l.Version != "0.2.0" {
-		t.Fatalf("Latest(gnu) = %+v, %v", l, err)
-	}
-	if _, err := s.Latest("riscv64gc-unknown-linux-gnu"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Latest of an unpublished triple: %v", err)
-	}
-
-	// A second Store over the same directory (another process, say) sees it all.
-	again, err := Open(s.Dir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if all2, _ := again.List(); len(all2) != len(all) {
-		t.Fatalf("reopened store lists %d releases, want %d", len(all2), len(all))
-	}
-	assertNoTemps(t, s.Dir())
+		// A second catalogue over the same storage (another process or
+		// replica) sees it all.
+		if all2 := list(t, f.again(t)); names(all2) != want {
+			t.Fatalf("reopened catalogue lists %v, want %v", names(all2), want)
+		}
+		if f.store != nil {
+			assertNoTemps(t, f.store.Dir())
+		}
+	})
 }
 
 func TestSidecarIsSha256sumFormat(t *testing.T) {
@@ -165,79 +178,83 @@ func TestSidecarIsSha256sumFormat(t *testing.T) {
 }
 
 func TestRepublishReplaces(t *testing.T) {
-	s := openStore(t)
-	first := publish(t, s, randomBytes(t, 2000), "0.3.0", "")
-	secondBody := randomBytes(t, 3000)
-	second := publish(t, s, secondBody, "0.3.0", "")
-	if first.Triple != second.Triple {
-		t.Fatalf("triples %s and %s", first.Triple, second.Triple)
-	}
-	all, err := s.List()
-	if err != nil || len(all) != 1 {
-		t.Fatalf("List: %v %v, want one release", all, err)
-	}
-	if all[0].SHA256 != hexSum(secondBody) || all[0].Size != 3000 {
-		t.Fatalf("index still describes the first binary: %+v", all[0])
-	}
-	onDisk, _ := os.ReadFile(second.Path)
-	side, _ := os.ReadFile(second.Path + ".sha256")
-	if !bytes.Equal(onDisk, secondBody) || !strings.HasPrefix(string(side), hexSum(secondBody)) {
-		t.Fatal("binary or sidecar not replaced")
-	}
-	assertNoTemps(t, s.Dir())
+	eachCatalogue(t, func(t *testing.T, f fixture) {
+		first := publish(t, f.cat, randomBytes(t, 2000), "0.3.0", "")
+		secondBody := randomBytes(t, 3000)
+		second := publish(t, f.cat, secondBody, "0.3.0", "")
+		if first.Triple != second.Triple {
+			t.Fatalf("triples %s and %s", first.Triple, second.Triple)
+		}
+		all := list(t, f.cat)
+		if len(all) != 1 {
+			t.Fatalf("List: %v, want one release", all)
+		}
+		if all[0].SHA256 != hexSum(secondBody) || all[0].Size != 3000 {
+			t.Fatalf("the catalogue still describes the first binary: %+v", all[0])
+		}
+		bin, side := f.stored(t, "0.3.0", second.Triple)
+		if !bytes.Equal(bin, secondBody) || string(side) != second.Sidecar() {
+			t.Fatal("binary or sidecar not replaced")
+		}
+		if f.store != nil {
+			assertNoTemps(t, f.store.Dir())
+		}
+	})
 }
 
 func TestTripleDetectedFromELF(t *testing.T) {
-	s := openStore(t)
-	if rel := publish(t, s, fakeelf.New(t, elf.EM_AARCH64, 4096), "1.0.0", ""); rel.Triple != "aarch64-unknown-linux-gnu" {
-		t.Fatalf("aarch64 ELF published as %s", rel.Triple)
-	}
-	if rel := publish(t, s, fakeelf.New(t, elf.EM_X86_64, 4096), "1.0.0", ""); rel.Triple != "x86_64-unknown-linux-gnu" {
-		t.Fatalf("x86_64 ELF published as %s", rel.Triple)
-	}
-	if rel := publish(t, s, []byte("#!/bin/sh\n"), "1.0.1", ""); rel.Triple != dist.DefaultTriple() {
-		t.Fatalf("a non-ELF file published as %s, want dist.DefaultTriple %s", rel.Triple, dist.DefaultTriple())
-	}
-	if rel := publish(t, s, fakeelf.New(t, elf.EM_AARCH64, 4096), "1.0.2", "aarch64-unknown-linux-musl"); rel.Triple != "aarch64-unknown-linux-musl" {
-		t.Fatalf("explicit triple overridden: %s", rel.Triple)
-	}
+	eachCatalogue(t, func(t *testing.T, f fixture) {
+		s := f.cat
+		if rel := publish(t, s, fakeelf.New(t, elf.EM_AARCH64, 4096), "1.0.0", ""); rel.Triple != "aarch64-unknown-linux-gnu" {
+			t.Fatalf("aarch64 ELF published as %s", rel.Triple)
+		}
+		if rel := publish(t, s, fakeelf.New(t, elf.EM_X86_64, 4096), "1.0.0", ""); rel.Triple != "x86_64-unknown-linux-gnu" {
+			t.Fatalf("x86_64 ELF published as %s", rel.Triple)
+		}
+		if rel := publish(t, s, []byte("#!/bin/sh\n"), "1.0.1", ""); rel.Triple != dist.DefaultTriple() {
+			t.Fatalf("a non-ELF file published as %s, want dist.DefaultTriple %s", rel.Triple, dist.DefaultTriple())
+		}
+		if rel := publish(t, s, fakeelf.New(t, elf.EM_AARCH64, 4096), "1.0.2", "aarch64-unknown-linux-musl"); rel.Triple != "aarch64-unknown-linux-musl" {
+			t.Fatalf("explicit triple overridden: %s", rel.Triple)
+		}
+	})
 }
 
 func TestPublishRejectsBadInput(t *testing.T) {
-	s := openStore(t)
-	body := []byte("binary")
-	for _, v := range []string{"", ".hidden", "../etc", "a/b", "1 0", "-1", "1.0\n", strings.Repeat("9", 129), "ü1"} {
-		_, err := s.Publish(context.Background(), bytes.NewReader(body), v, "")
-		if err == nil || !strings.Contains(err.Error(), "field version") {
-			t.Errorf("version %q: %v, want an error naming the field", v, err)
+	eachCatalogue(t, func(t *testing.T, f fixture) {
+		s := f.cat
+		ctx := context.Background()
+		body := []byte("binary")
+		for _, v := range []string{"", ".hidden", "../etc", "a/b", "1 0", "-1", "1.0\n", strings.Repeat("9", 129), "ü1"} {
+			_, err := s.Publish(ctx, bytes.NewReader(body), v, "")
+			if err == nil || !strings.Contains(err.Error(), "field version") {
+				t.Errorf("version %q: %v, want an error naming the field", v, err)
+			}
 		}
-	}
-	for _, tr := range []string{"X86_64-unknown-linux-gnu", "linux", "x86_64/unknown-linux", "x86_64-unknown-linux-gnu.sha256", "a-b-c-d-e-f", "x86_64--gnu"} {
-		_, err := s.Publish(context.Background(), bytes.NewReader(body), "1.0.0", tr)
-		if err == nil || !strings.Contains(err.Error(), "field triple") {
-			t.Errorf("triple %q: %v, want an error naming the field", tr, err)
+		for _, tr := range []string{"X86_64-unknown-linux-gnu", "linux", "x86_64/unknown-linux", "x86_64-unknown-linux-gnu.sha256", "a-b-c-d-e-f", "x86_64--gnu"} {
+			_, err := s.Publish(ctx, bytes.NewReader(body), "1.0.0", tr)
+			if err == nil || !strings.Contains(err.Error(), "field triple") {
+				t.Errorf("triple %q: %v, want an error naming the field", tr, err)
+			}
 		}
-	}
-	if _, err := s.Publish(context.Background(), bytes.NewReader(nil), "1.0.0", ""); err == nil || !strings.Contains(err.Error(), "empty") {
-		t.Errorf("empty binary: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := s.Publish(ctx, bytes.NewReader(body), "1.0.0", ""); !errors.Is(err, context.Canceled) {
-		t.Errorf("cancelled publish: %v", err)
-	}
-	if _, err := s.Get("../x", "x86_64-unknown-linux-gnu"); err == nil || errors.Is(err, ErrNotFound) {
-		t.Errorf("Get with a bad version: %v, want a validation error", err)
-	}
-	if all, err := s.List(); err != nil || len(all) != 0 {
-		t.Fatalf("after only bad input the store lists %v (%v)", all, err)
-	}
-	entries, _ := os.ReadDir(s.Dir())
-	for _, e := range entries {
-		if e.Name() != ".lock" {
-			t.Errorf("left behind: %s", e.Name())
+		if _, err := s.Publish(ctx, bytes.NewReader(nil), "1.0.0", ""); err == nil || !strings.Contains(err.Error(), "empty") {
+			t.Errorf("empty binary: %v", err)
 		}
-	}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		if _, err := s.Publish(cctx, bytes.NewReader(body), "1.0.0", ""); !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled publish: %v", err)
+		}
+		if _, err := s.GetContext(ctx, "../x", "x86_64-unknown-linux-gnu"); err == nil || errors.Is(err, ErrNotFound) {
+			t.Errorf("Get with a bad version: %v, want a validation error", err)
+		}
+		if all := list(t, s); len(all) != 0 {
+			t.Fatalf("after only bad input the catalogue lists %v", all)
+		}
+		if left := f.leftovers(t); len(left) != 0 {
+			t.Errorf("left behind: %v", left)
+		}
+	})
 }
 
 func TestOpenRefusesCorruptIndex(t *testing.T) {
@@ -250,61 +267,73 @@ func TestOpenRefusesCorruptIndex(t *testing.T) {
 	}
 }
 
-// TestConcurrentPublish races writers on two Stores over one directory (as
-// two processes would) and checks every surviving entry describes the bytes
-// on disk and its sidecar.
+// TestConcurrentPublish races writers on two catalogues over one storage
+// (as two processes or replicas would) and checks every surviving entry
+// describes the bytes stored and its sidecar.
 func TestConcurrentPublish(t *testing.T) {
-	a := openStore(t)
-	b, err := Open(a.Dir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	const triple = "x86_64-unknown-linux-gnu"
-	var wg sync.WaitGroup
-	errs := make(chan error, 64)
-	for i := range 16 {
-		s := a
-		if i%2 == 1 {
-			s = b
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Half the writers fight over one version; the rest get their own.
-			version := "0.9.0"
-			if i%4 != 0 {
-				version = fmt.Sprintf("0.9.%d", i+1)
+	eachCatalogue(t, func(t *testing.T, f fixture) {
+		a, b := f.cat, f.again(t)
+		const triple = "x86_64-unknown-linux-gnu"
+		var wg sync.WaitGroup
+		errs := make(chan error, 64)
+		for i := range 16 {
+			s := a
+			if i%2 == 1 {
+				s = b
 			}
-			body := make([]byte, 32<<10)
-			_, _ = rand.Read(body)
-			if _, err := s.Publish(context.Background(), bytes.NewReader(body), version, triple); err != nil {
-				errs <- err
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Half the writers fight over one version; the rest get their own.
+				version := "0.9.0"
+				if i%4 != 0 {
+					version = fmt.Sprintf("0.9.%d", i+1)
+				}
+				body := make([]byte, 32<<10)
+				_, _ = rand.Read(body)
+				if _, err := s.Publish(context.Background(), bytes.NewReader(body), version, triple); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		all := list(t, a)
+		if len(all) != 13 { // 0.9.0 plus twelve distinct versions
+			t.Fatalf("List has %d releases, want 13", len(all))
+		}
+		for _, r := range all {
+			bin, side := f.stored(t, r.Version, r.Triple)
+			if r.Version == "0.9.0" && f.store == nil {
+				// Four replicas wrote 0.9.0's two objects with no lock
+				// between them, so its sidecar may name another writer's
+				// binary; Open refuses such a pair, and the next publish
+				// of the version mends it.
+				rc, _, err := a.Open(context.Background(), r.Version, r.Triple)
+				if errors.Is(err, blobs.ErrChecksum) {
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := io.ReadAll(rc)
+				rc.Close()
+				if err != nil || hexSum(got) != r.SHA256 {
+					t.Errorf("Open of the raced version gave bytes of sha256 %s (%v), its sidecar says %s", hexSum(got), err, r.SHA256)
+				}
+				continue
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	all, err := a.List()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(all) != 13 { // 0.9.0 plus twelve distinct versions
-		t.Fatalf("List has %d releases, want 13", len(all))
-	}
-	for _, r := range all {
-		onDisk, err := os.ReadFile(r.Path)
-		if err != nil {
-			t.Fatal(err)
+			if hexSum(bin) != r.SHA256 || string(side) != r.Sidecar() {
+				t.Errorf("%s: catalogue %s, binary %s, sidecar %q", r.Version, r.SHA256, hexSum(bin), side)
+			}
 		}
-		side, _ := os.ReadFile(r.Path + ".sha256")
-		if hexSum(onDisk) != r.SHA256 || string(side) != r.Sidecar() {
-			t.Errorf("%s: index %s, file %s, sidecar %q", r.Version, r.SHA256, hexSum(onDisk), side)
+		if f.store != nil {
+			assertNoTemps(t, f.store.Dir())
 		}
-	}
-	assertNoTemps(t, a.Dir())
+	})
 }
 
 func TestCompareVersions(t *testing.T) {
@@ -342,51 +371,54 @@ func TestTripleForArch(t *testing.T) {
 }
 
 func TestDelete(t *testing.T) {
-	s := openStore(t)
-	const gnu, arm = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
-	gone := publish(t, s, randomBytes(t, 1024), "0.3.0", gnu)
-	kept := publish(t, s, randomBytes(t, 1024), "0.3.0", arm)
-	only := publish(t, s, randomBytes(t, 1024), "0.4.0", gnu)
+	eachCatalogue(t, func(t *testing.T, f fixture) {
+		s := f.cat
+		ctx := context.Background()
+		const gnu, arm = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
+		gone := publish(t, s, randomBytes(t, 1024), "0.3.0", gnu)
+		kept := publish(t, s, randomBytes(t, 1024), "0.3.0", arm)
+		only := publish(t, s, randomBytes(t, 1024), "0.4.0", gnu)
 
-	rel, err := s.Delete("0.3.0", gnu)
-	if err != nil || rel.SHA256 != gone.SHA256 {
-		t.Fatalf("Delete: %+v %v", rel, err)
-	}
-	for _, p := range []string{gone.Path, gone.Path + ".sha256"} {
-		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("%s still there: %v", p, err)
+		rel, err := s.DeleteContext(ctx, "0.3.0", gnu)
+		if err != nil || rel.SHA256 != gone.SHA256 {
+			t.Fatalf("Delete: %+v %v", rel, err)
 		}
-	}
-	if _, err := s.Get("0.3.0", gnu); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Get after Delete: %v", err)
-	}
-	if _, err := s.Get("0.3.0", arm); err != nil {
-		t.Fatalf("the other triple of the version went too: %v", err)
-	}
-	if _, err := os.Stat(kept.Path); err != nil {
-		t.Fatal(err)
-	}
-	// The last triple of a version takes its directory with it.
-	if _, err := s.Delete("0.4.0", gnu); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Dir(only.Path)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("empty version directory left: %v", err)
-	}
-	if _, err := s.Delete("0.4.0", gnu); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("Delete twice: %v", err)
-	}
-	if _, err := s.Delete("../x", gnu); err == nil || errors.Is(err, ErrNotFound) {
-		t.Fatalf("bad version: %v", err)
-	}
-	// A reopened store agrees.
-	s2, err := Open(s.Dir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := s2.List()
-	if err != nil || len(all) != 1 || all[0].Triple != arm {
-		t.Fatalf("after reopen: %+v %v", all, err)
-	}
-	assertNoTemps(t, s.Dir())
+		if bin, side := f.stored(t, "0.3.0", gnu); bin != nil || side != nil {
+			t.Fatalf("after Delete the binary (%d bytes) or sidecar %q is still there", len(bin), side)
+		}
+		if _, err := s.GetContext(ctx, "0.3.0", gnu); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Get after Delete: %v", err)
+		}
+		if _, err := s.GetContext(ctx, "0.3.0", arm); err != nil {
+			t.Fatalf("the other triple of the version went too: %v", err)
+		}
+		if bin, _ := f.stored(t, "0.3.0", arm); hexSum(bin) != kept.SHA256 {
+			t.Fatal("the other triple's binary went too")
+		}
+		if _, err := s.DeleteContext(ctx, "0.4.0", gnu); err != nil {
+			t.Fatal(err)
+		}
+		if f.store != nil {
+			// The last triple of a version takes its directory with it.
+			if _, err := os.Stat(filepath.Dir(only.Path)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("empty version directory left: %v", err)
+			}
+		}
+		if _, err := s.DeleteContext(ctx, "0.4.0", gnu); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Delete twice: %v", err)
+		}
+		if _, err := s.DeleteContext(ctx, "9.9.9", arm); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Delete of a release never published: %v", err)
+		}
+		if _, err := s.DeleteContext(ctx, "../x", gnu); err == nil || errors.Is(err, ErrNotFound) {
+			t.Fatalf("bad version: %v", err)
+		}
+		// A reopened catalogue agrees.
+		if all := list(t, f.again(t)); len(all) != 1 || all[0].Triple != arm {
+			t.Fatalf("after reopen: %+v", all)
+		}
+		if f.store != nil {
+			assertNoTemps(t, f.store.Dir())
+		}
+	})
 }
