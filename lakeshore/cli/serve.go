@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"nymph/lakeshore/blobs"
+
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
@@ -47,6 +49,32 @@ type serveOpts struct {
 	lostAfterSet bool
 	identity     identityOpts
 	edge         edgeOpts
+	blobs        blobOpts
+}
+
+// blobOpts says where payloads and releases are kept.
+type blobOpts struct {
+	url, endpoint, region, publicURL string
+	retention, urlTTL                time.Duration
+}
+
+// Environment of the blob store flags.
+const (
+	EnvBlobs         = "LAKESHORE_BLOBS"
+	EnvBlobsEndpoint = "LAKESHORE_BLOBS_ENDPOINT"
+)
+
+// blobCheckTimeout bounds serve's start-up check of a bucket.
+const blobCheckTimeout = 20 * time.Second
+
+func (o *blobOpts) addFlags(cmd *cobra.Command, getenv func(string) string) {
+	fs := cmd.Flags()
+	fs.StringVar(&o.url, "blobs", getenv(EnvBlobs), "where payloads and releases are kept: local (the data dir, the default) or s3://BUCKET/PREFIX, shared by replicas (env "+EnvBlobs+")")
+	fs.StringVar(&o.endpoint, "blobs-endpoint", getenv(EnvBlobsEndpoint), "S3-compatible endpoint URL for --blobs s3://... (R2, MinIO; default AWS) (env "+EnvBlobsEndpoint+")")
+	fs.StringVar(&o.region, "blobs-region", "", "region of the --blobs bucket (default: the AWS configuration's, else us-east-1)")
+	fs.StringVar(&o.publicURL, "blobs-public-url", "", "public URL of the --blobs bucket prefix: release downloads are handed out there instead of as presigned URLs")
+	fs.DurationVar(&o.urlTTL, "payload-url-ttl", operatorapi.PayloadTTL, "how long a presigned payload URL stays valid (at least 1s)")
+	fs.DurationVar(&o.retention, "payload-retention", controlplane.DefaultPayloadRetention, "how long a payload is kept after its job finished (or after its upload, if no job holds it); 0 keeps them forever")
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -62,8 +90,21 @@ PostgreSQL instead, so that several control planes — replicas behind one
 address, or a standby — share it: each migrates the schema once, claims
 work safely against the others, and wakes the long-polls parked on the
 others through LISTEN/NOTIFY. Give every replica the same admin token
-($LAKESHORE_ADMIN_TOKEN) and daemon token. --data still holds each
-replica's releases and payloads.
+($LAKESHORE_ADMIN_TOKEN) and daemon token.
+
+Payloads (large run args, uploaded results) and published releases are
+kept in --data by default: enough for one control plane, not for replicas,
+since a daemon may fetch through one replica what another stored. Give
+replicas --blobs s3://BUCKET/PREFIX (the same on each): any S3-compatible
+bucket (AWS S3; Cloudflare R2 or MinIO with --blobs-endpoint), with
+credentials from the standard AWS chain of this process ($AWS_PROFILE,
+$AWS_ACCESS_KEY_ID, an instance role). Payload URLs are then the bucket's
+own presigned URLs, so the bytes never pass through the control plane;
+release downloads redirect to a short-lived presigned URL, or are handed
+out under --blobs-public-url for a public bucket. serve checks the bucket
+before it listens. Payloads are deleted --payload-retention (default 7
+days) after the job that holds them finished. 'lakeshore blobs migrate'
+copies what a data dir holds into a bucket.
 
 The admin token comes from --admin-token or $LAKESHORE_ADMIN_TOKEN; without
 one, the control plane generates one on first start, keeps it (mode 0600) in
@@ -117,7 +158,10 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
   lakeshore serve --addr 0.0.0.0:7700 --tls-cert cp.pem --tls-key cp-key.pem --require-daemon-signatures
   lakeshore serve --lost-after 30m     # a flaky network: give silent daemons longer before failing their jobs
   lakeshore serve --max-conns-per-ip 4096 --upload-timeout 3h   # a big fleet behind one NAT, slow uplinks
-  LAKESHORE_ADMIN_TOKEN=$(cat admin-token) lakeshore serve --store postgres://lakeshore@db.internal/lakeshore`,
+  LAKESHORE_ADMIN_TOKEN=$(cat admin-token) lakeshore serve --store postgres://lakeshore@db.internal/lakeshore
+  LAKESHORE_ADMIN_TOKEN=$(cat admin-token) lakeshore serve --store postgres://lakeshore@db.internal/lakeshore \
+      --blobs s3://fleet-blobs/lakeshore --blobs-region eu-west-1     # a replica: state and blobs shared
+  lakeshore serve --blobs s3://blobs/cp --blobs-endpoint https://ACCOUNT.r2.cloudflarestorage.com --blobs-region auto`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.lostAfterSet = cmd.Flags().Changed("lost-after")
@@ -141,6 +185,7 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 		"how long a daemon may go unseen before the execs and runs it was running fail as lost (e.g. 10m)")
 	o.identity.addFlags(cmd, a.env.Getenv)
 	o.edge.addFlags(cmd)
+	o.blobs.addFlags(cmd, a.env.Getenv)
 	return cmd
 }
 
@@ -226,6 +271,9 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		return fmt.Errorf("listen on %s: %w", o.addr, err)
 	}
 	defer ln.Close()
+	if err := o.blobs.apply(ctx, &cfg); err != nil {
+		return err
+	}
 	if err := openStores(ctx, &cfg, o.store); err != nil {
 		return err
 	}
@@ -288,11 +336,13 @@ func openStores(ctx context.Context, cfg *controlplane.Config, spec string) erro
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("start the control plane: data dir: %w", err)
 	}
-	rel, err := releases.Open(filepath.Join(cfg.DataDir, "releases"))
-	if err != nil {
-		return fmt.Errorf("start the control plane: %w", err)
+	if cfg.Blobs == nil {
+		rel, err := releases.Open(filepath.Join(cfg.DataDir, "releases"))
+		if err != nil {
+			return fmt.Errorf("start the control plane: %w", err)
+		}
+		cfg.Releases, cfg.Payloads = rel, controlplane.NewPayloadStore(filepath.Join(cfg.DataDir, "payloads"))
 	}
-	cfg.Releases, cfg.Payloads = rel, controlplane.NewPayloadStore(filepath.Join(cfg.DataDir, "payloads"))
 	if !pg {
 		db, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "lakeshore.db"))
 		if err != nil {
@@ -366,4 +416,60 @@ func newLogger(env Env, level, format string) (zerolog.Logger, error) {
 		return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
 	}
 	return zerolog.New(env.Stderr).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// apply validates the blob flags and, for a bucket, opens it and proves
+// it usable before serve listens: a bucket that does not exist, refused
+// credentials or an endpoint that is down stop serve here, not at the
+// first upload.
+func (o blobOpts) apply(ctx context.Context, cfg *controlplane.Config) error {
+	switch {
+	case o.retention < 0:
+		return usagef("--payload-retention %v: must not be negative (0 keeps payloads forever)", o.retention)
+	case o.retention == 0:
+		cfg.PayloadRetention = -1
+	default:
+		cfg.PayloadRetention = o.retention
+	}
+	if o.urlTTL < time.Second {
+		return usagef("--payload-url-ttl %v: must be at least 1s", o.urlTTL)
+	}
+	cfg.PayloadURLTTL = o.urlTTL
+	if o.url == "" || o.url == "local" {
+		for flag, v := range map[string]string{"--blobs-endpoint": o.endpoint, "--blobs-region": o.region, "--blobs-public-url": o.publicURL} {
+			if v != "" {
+				return usagef("%s is for a bucket: give --blobs s3://BUCKET/PREFIX too", flag)
+			}
+		}
+		return nil
+	}
+	if !strings.HasPrefix(o.url, "s3://") {
+		return usagef("--blobs %q: want local or s3://BUCKET/PREFIX", o.url)
+	}
+	bucket, prefix, err := blobs.ParseS3URL(o.url)
+	if err != nil {
+		return usagef("--blobs: %v", err)
+	}
+	if o.endpoint != "" {
+		if u, err := url.Parse(o.endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usagef("--blobs-endpoint %q: want an http(s) URL such as https://ACCOUNT.r2.cloudflarestorage.com", o.endpoint)
+		}
+	}
+	if o.publicURL != "" {
+		if u, err := url.Parse(o.publicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usagef("--blobs-public-url %q: want an http(s) URL", o.publicURL)
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, blobCheckTimeout)
+	defer cancel()
+	st, err := blobs.OpenS3(cctx, blobs.S3Config{Bucket: bucket, Prefix: prefix, Endpoint: o.endpoint, Region: o.region})
+	if err != nil {
+		return fmt.Errorf("--blobs %s: %w", o.url, err)
+	}
+	if err := st.Check(cctx); err != nil {
+		return fmt.Errorf("--blobs %s: %w", o.url, err)
+	}
+	cfg.Blobs, cfg.BlobsPublicURL = st, strings.TrimRight(o.publicURL, "/")
+	cfg.Logger.Info().Str("blobs", st.String()).Msg("payloads and releases in a bucket, shared with any other replica")
+	return nil
 }

@@ -84,7 +84,7 @@ func (s *Server) handleLaunch(w http.ResponseWriter, r *http.Request) {
 	plan := launchPlan{
 		req: req, ns: ns, provider: p.Name, launcher: launcher,
 		serverURL: s.currentPublicURL(r.Host),
-		binaryURL: dist.URLFor(s.currentPublicURL(r.Host), dist.DefaultPrefix, rel.Version, rel.Triple),
+		binaryURL: s.releaseURL(r.Host, rel),
 		sha256:    rel.SHA256,
 		enroll:    s.ident.requireSigs,
 	}
@@ -357,14 +357,14 @@ func (s *Server) launchRelease(ctx context.Context, ns string) (releases.Release
 		target = *v
 	}
 	if target != "" {
-		rel, err := s.rel.store.Get(target, launchTriple)
+		rel, err := s.rel.store.GetContext(ctx, target, launchTriple)
 		if errors.Is(err, releases.ErrNotFound) {
 			return releases.Release{}, badField(http.StatusConflict, "provider",
 				"the target version %s is not published for %s: publish it (lakeshore release publish PATH --version %s)", target, launchTriple, target)
 		}
 		return rel, err
 	}
-	rel, err := s.rel.store.Latest(launchTriple)
+	rel, err := s.rel.store.LatestContext(ctx, launchTriple)
 	if errors.Is(err, releases.ErrNotFound) {
 		return releases.Release{}, badField(http.StatusConflict, "provider",
 			"no nymph release is published for %s, so a launched machine has nothing to install: publish one first (lakeshore release publish PATH --version V)", launchTriple)

@@ -34,10 +34,10 @@ func (s *Server) targetVersionFor(ctx context.Context, namespace string, log zer
 	return v
 }
 
-func (s *Server) writeTargetVersion(w http.ResponseWriter, ns string, v *string) {
+func (s *Server) writeTargetVersion(ctx context.Context, w http.ResponseWriter, ns string, v *string) {
 	out := operatorapi.TargetVersion{Namespace: ns, Version: v, PublishedTriples: []string{}}
 	if v != nil {
-		triples, err := s.publishedTriples(*v)
+		triples, err := s.publishedTriples(ctx, *v)
 		if err != nil {
 			s.log.Error().Err(err).Msg("target version: list releases")
 			writeOperatorError(w, err)
@@ -60,7 +60,7 @@ func (s *Server) handleGetTargetVersion(w http.ResponseWriter, r *http.Request) 
 		writeOperatorError(w, err)
 		return
 	}
-	s.writeTargetVersion(w, ns, v)
+	s.writeTargetVersion(r.Context(), w, ns, v)
 }
 
 func (s *Server) handleSetTargetVersion(w http.ResponseWriter, r *http.Request) {
@@ -86,7 +86,7 @@ func (s *Server) handleSetTargetVersion(w http.ResponseWriter, r *http.Request) 
 		return
 	}
 	s.log.Info().Str("namespace", ns).Str("version", req.Version).Msg("target version set")
-	s.writeTargetVersion(w, ns, &req.Version)
+	s.writeTargetVersion(r.Context(), w, ns, &req.Version)
 }
 
 func (s *Server) handleClearTargetVersion(w http.ResponseWriter, r *http.Request) {
@@ -103,7 +103,7 @@ func (s *Server) handleClearTargetVersion(w http.ResponseWriter, r *http.Request
 		return
 	}
 	s.log.Info().Str("namespace", ns).Msg("target version cleared")
-	s.writeTargetVersion(w, ns, nil)
+	s.writeTargetVersion(r.Context(), w, ns, nil)
 }
 
 // workerVersions is the part of a worker's hello versions an update needs.
@@ -179,11 +179,11 @@ func (s *Server) resolveUpdate(r *http.Request, wk store.Worker, req operatorapi
 
 	rawURL := strings.TrimSpace(req.URL)
 	if rawURL == "" {
-		rel, err := s.releaseForWorker(wk, version)
+		rel, err := s.releaseForWorker(r.Context(), wk, version)
 		if err != nil {
 			return nil, err
 		}
-		rawURL = dist.URLFor(s.currentPublicURL(r.Host), dist.DefaultPrefix, rel.Version, rel.Triple)
+		rawURL = s.releaseURL(r.Host, rel)
 		if sum == "" {
 			sum = rel.SHA256
 		}
@@ -204,7 +204,7 @@ func (s *Server) resolveUpdate(r *http.Request, wk store.Worker, req operatorapi
 
 // releaseForWorker finds the published release of version for the
 // worker's architecture.
-func (s *Server) releaseForWorker(wk store.Worker, version string) (releases.Release, error) {
+func (s *Server) releaseForWorker(ctx context.Context, wk store.Worker, version string) (releases.Release, error) {
 	if s.rel.store == nil {
 		return releases.Release{}, badField(http.StatusConflict, "url",
 			"this control plane keeps no releases (no data directory); give the download URL")
@@ -219,7 +219,7 @@ func (s *Server) releaseForWorker(wk store.Worker, version string) (releases.Rel
 		return releases.Release{}, badField(http.StatusConflict, "url",
 			"worker %s runs on %q, for which no release triple is known; give the download URL", wk.ID, *arch)
 	}
-	rel, err := s.rel.store.Get(version, triple)
+	rel, err := s.rel.store.GetContext(ctx, version, triple)
 	if errors.Is(err, releases.ErrNotFound) {
 		return releases.Release{}, badField(http.StatusConflict, "version",
 			"nymph %s is not published for %s (worker %s, arch %s); publish it with `lakeshore release publish PATH --version %s --triple %s` or give the download URL",
@@ -240,7 +240,7 @@ func (s *Server) checksumOf(r *http.Request, u *url.URL) (string, error) {
 		if s.rel.store == nil {
 			return "", errNoReleaseStore
 		}
-		rel, err := s.rel.store.Get(v, t)
+		rel, err := s.rel.store.GetContext(r.Context(), v, t)
 		if errors.Is(err, releases.ErrNotFound) {
 			return "", badField(http.StatusConflict, "url", "names release %s for %s, which is not published here", v, t)
 		}

@@ -98,6 +98,8 @@ type payloads struct {
 	// retention is how long a payload outlives its job; negative keeps
 	// every payload.
 	retention time.Duration
+	// ttl is how long a presigned URL stays valid.
+	ttl time.Duration
 }
 
 func (p *payloads) key(ns, key string) string { return p.prefix + ns + "/" + key }
@@ -105,12 +107,18 @@ func (p *payloads) key(ns, key string) string { return p.prefix + ns + "/" + key
 // openPayloads picks the payload store cfg names: the shared blob store,
 // else the directory.
 func openPayloads(cfg Config, secret []byte, now func() time.Time) (*payloads, error) {
-	retention := cfg.PayloadRetention
+	retention, ttl := cfg.PayloadRetention, cfg.PayloadURLTTL
 	if retention == 0 {
 		retention = DefaultPayloadRetention
 	}
+	switch {
+	case ttl == 0:
+		ttl = operatorapi.PayloadTTL
+	case ttl < time.Second:
+		return nil, fmt.Errorf("PayloadURLTTL %v: must be at least a second", ttl)
+	}
 	if cfg.Blobs != nil {
-		return &payloads{st: cfg.Blobs, prefix: sharedPayloadPrefix, retention: retention}, nil
+		return &payloads{st: cfg.Blobs, prefix: sharedPayloadPrefix, retention: retention, ttl: ttl}, nil
 	}
 	if cfg.Payloads == nil {
 		return nil, nil
@@ -119,7 +127,7 @@ func openPayloads(cfg Config, secret []byte, now func() time.Time) (*payloads, e
 	if err != nil {
 		return nil, fmt.Errorf("payload store: %w", err)
 	}
-	return &payloads{st: l, local: l, retention: retention}, nil
+	return &payloads{st: l, local: l, retention: retention, ttl: ttl}, nil
 }
 
 // stat describes payload ns/key; a missing one is a 404 naming it.
@@ -289,7 +297,7 @@ func (s *Server) presign(r *http.Request, ns string, req messages.PresignRequest
 		if key == "" {
 			return nil, badField(http.StatusBadRequest, "key", "required for op get")
 		}
-		p, err = s.payloads.st.PresignGet(ctx, s.payloads.key(ns, key), operatorapi.PayloadTTL)
+		p, err = s.payloads.st.PresignGet(ctx, s.payloads.key(ns, key), s.payloads.ttl)
 		if errors.Is(err, blobs.ErrNotFound) {
 			return nil, badField(http.StatusNotFound, "key", "no payload %q in namespace %q", key, ns)
 		}
@@ -324,7 +332,7 @@ func (s *Server) presign(r *http.Request, ns string, req messages.PresignRequest
 		if err := s.st.RecordPayload(ctx, store.PayloadBlob{Namespace: ns, Key: key, JobID: job, CreatedAt: s.now()}); err != nil {
 			return nil, err
 		}
-		p, err = s.payloads.st.PresignPut(ctx, s.payloads.key(ns, key), o, operatorapi.PayloadTTL)
+		p, err = s.payloads.st.PresignPut(ctx, s.payloads.key(ns, key), o, s.payloads.ttl)
 	default:
 		return nil, badField(http.StatusBadRequest, "op", "must be %q or %q", messages.PresignGet, messages.PresignPut)
 	}

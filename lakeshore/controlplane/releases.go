@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -15,11 +16,47 @@ import (
 // releaseState is the control plane's half of over-the-air updates: the
 // release store it serves binaries from and the limits of publishing.
 type releaseState struct {
-	store *releases.Store // nil: none (Config.Releases)
+	store releases.Catalogue // nil: none (Config.Releases, Config.Blobs)
+	// download serves GET /v1/releases/...: the binaries from the data
+	// dir, or a redirect to a presigned URL of the bucket's.
+	download http.Handler
+	// public, when set, is the bucket prefix's public URL: downloads are
+	// handed out there (Config.BlobsPublicURL).
+	public string
 	// maxSize caps one published binary; tests lower it.
 	maxSize int64
 	// client fetches .sha256 sidecars of URLs outside this control plane.
 	client *http.Client
+}
+
+// releaseRedirectTTL is how long the presigned URL a release download is
+// redirected to stays valid: long enough for a slow link to fetch a
+// binary, short enough that a leaked one is soon worthless. The URL
+// handed out (in an update command, a bootstrap) is this control plane's,
+// which never expires.
+const releaseRedirectTTL = 30 * time.Minute
+
+// newReleaseState picks the release catalogue cfg names: the shared bucket,
+// else the data dir's.
+func newReleaseState(cfg Config) releaseState {
+	rs := releaseState{maxSize: releases.MaxBinarySize, client: &http.Client{Timeout: sidecarTimeout}}
+	switch {
+	case cfg.Blobs != nil:
+		b := releases.NewBucket(cfg.Blobs, releases.DefaultBucketPrefix)
+		rs.store, rs.download, rs.public = b, b.Handler(dist.DefaultPrefix, releaseRedirectTTL), cfg.BlobsPublicURL
+	case cfg.Releases != nil:
+		rs.store, rs.download = cfg.Releases, cfg.Releases.Handler(dist.DefaultPrefix)
+	}
+	return rs
+}
+
+// releaseURL is where a daemon downloads rel: under the bucket's public
+// URL when there is one, else this control plane's release route.
+func (s *Server) releaseURL(host string, rel releases.Release) string {
+	if s.rel.public != "" {
+		return s.rel.public + "/" + releases.DefaultBucketPrefix + rel.Version + "/" + rel.FileName()
+	}
+	return dist.URLFor(s.currentPublicURL(host), dist.DefaultPrefix, rel.Version, rel.Triple)
 }
 
 // sidecarTimeout bounds fetching a checksum for `daemon update --url`.
@@ -35,7 +72,7 @@ func (s *Server) handleDownloadRelease(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	s.rel.store.Handler(dist.DefaultPrefix).ServeHTTP(w, r)
+	s.rel.download.ServeHTTP(w, r)
 }
 
 // releaseFieldError turns a releases validation error into a 400 naming
@@ -133,7 +170,7 @@ func (s *Server) handleDeleteRelease(w http.ResponseWriter, r *http.Request) {
 			version, strings.Join(nss, ", ")))
 		return
 	}
-	rel, err := s.rel.store.Delete(version, triple)
+	rel, err := s.rel.store.DeleteContext(r.Context(), version, triple)
 	if errors.Is(err, releases.ErrNotFound) {
 		writeOperatorError(w, badField(http.StatusNotFound, "version", "no release %s for %s", version, triple))
 		return
@@ -150,7 +187,7 @@ func (s *Server) handleDeleteRelease(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleListReleases(w http.ResponseWriter, r *http.Request) {
 	out := operatorapi.ReleaseList{Releases: []operatorapi.Release{}}
 	if s.rel.store != nil {
-		all, err := s.rel.store.List()
+		all, err := s.rel.store.ListContext(r.Context())
 		if err != nil {
 			s.log.Error().Err(err).Msg("list releases")
 			writeOperatorError(w, err)
@@ -164,7 +201,7 @@ func (s *Server) handleListReleases(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) releaseView(r *http.Request, rel releases.Release) operatorapi.Release {
-	u := dist.URLFor(s.currentPublicURL(r.Host), dist.DefaultPrefix, rel.Version, rel.Triple)
+	u := s.releaseURL(r.Host, rel)
 	return operatorapi.Release{
 		Version: rel.Version, Triple: rel.Triple, SHA256: rel.SHA256, Size: rel.Size,
 		PublishedAt: rel.PublishedAt, URL: u, SidecarURL: u + ".sha256",
@@ -172,12 +209,12 @@ func (s *Server) releaseView(r *http.Request, rel releases.Release) operatorapi.
 }
 
 // publishedTriples lists the triples version is published for here.
-func (s *Server) publishedTriples(version string) ([]string, error) {
+func (s *Server) publishedTriples(ctx context.Context, version string) ([]string, error) {
 	out := []string{}
 	if s.rel.store == nil {
 		return out, nil
 	}
-	all, err := s.rel.store.List()
+	all, err := s.rel.store.ListContext(ctx)
 	if err != nil {
 		return nil, err
 	}

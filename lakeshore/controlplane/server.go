@@ -67,6 +67,9 @@ type Config struct {
 	// holds it finished (or after its upload, when no job holds it);
 	// zero means DefaultPayloadRetention, negative keeps them forever.
 	PayloadRetention time.Duration
+	// PayloadURLTTL is how long a presigned payload URL stays valid; zero
+	// means operatorapi.PayloadTTL.
+	PayloadURLTTL time.Duration
 	// PayloadSweepInterval is how often expired payloads are deleted;
 	// zero means a tenth of the retention, at most ten minutes.
 	PayloadSweepInterval time.Duration
@@ -229,7 +232,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		daemonToken: cfg.DaemonToken,
 		addr:        cfg.Addr,
 		wake:        newHub(),
-		rel:         releaseState{store: cfg.Releases, maxSize: releases.MaxBinarySize, client: &http.Client{Timeout: sidecarTimeout}},
+		rel:         newReleaseState(cfg),
 		launchers:   &launcherCache{open: cfg.OpenProvider},
 		pollCap:     maxPollWait,
 		waitCap:     maxExecWait,

@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"encoding/xml"
 	"fmt"
 	"io"
@@ -15,7 +17,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"nymph/lakeshore/operatorapi"
 	"nymph/test/harness"
@@ -220,4 +224,65 @@ func TestReplicasShareBlobsInABucket(t *testing.T) {
 			}
 		}
 	}
+}
+
+// payloadURLExpiry reads the expiry a control plane's own presigned
+// payload URL carries (blobs.Local's token: base64url JSON, then its MAC).
+func payloadURLExpiry(t *testing.T, path string) time.Time {
+	t.Helper()
+	token := strings.TrimPrefix(path, "/v1/payloads/")
+	enc, _, _ := strings.Cut(token, ".")
+	body, err := base64.RawURLEncoding.DecodeString(enc)
+	var c struct {
+		Exp int64 `json:"e"`
+	}
+	if err != nil || json.Unmarshal(body, &c) != nil || c.Exp == 0 {
+		t.Errorf("payload URL %s carries no expiry the test can read", path)
+		return time.Time{}
+	}
+	return time.Unix(c.Exp, 0)
+}
+
+// TestExpiredPayloadURLFailsTheRun: a presigned URL used after its expiry
+// is refused by the store, and the daemon fails the invocation saying so
+// (nothing is spawned). A proxy between daemon and control plane holds the
+// daemon's download (not the CLI's upload) until the clock is past the URL's expiry (the event
+// the test waits for), with presigned URLs valid for one second.
+func TestExpiredPayloadURLFailsTheRun(t *testing.T) {
+	t.Parallel()
+	addr := harness.FreeAddr(t)
+	target, _ := url.Parse("http://" + addr)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	var held atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/payloads/") {
+			exp := payloadURLExpiry(t, r.URL.Path)
+			held.Add(1)
+			for !time.Now().After(exp.Add(time.Second)) {
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(time.Until(exp.Add(time.Second + time.Millisecond))):
+				}
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	cp := harness.StartControlPlane(t, harness.CPOptions{Addr: addr, Args: []string{"--payload-url-ttl", "1s", "--public-url", proxy.URL}})
+	marker := filepath.Join(t.TempDir(), "spawned")
+	id := submitInv(t, cp, "--queue", "expiry", "--runner", "process", "--args-file", writeTemp(t, "args.bin", randBytes(t, 300<<10)),
+		"--script", writeTemp(t, "touch.sh", []byte("touch "+marker)))
+	cp.StartDaemon(t, harness.DaemonOptions{Label: "late", Queue: "expiry", Runners: []string{"process"}, ServerURL: proxy.URL})
+	inv := waitInvState(t, cp, id, operatorapi.InvocationFailed, 60*time.Second)
+	if inv.Error == nil || !strings.Contains(inv.Error.Message, "expired") || !strings.Contains(inv.Error.Message, "403") {
+		t.Fatalf("a run whose payload URL expired: %+v, want it failed naming the expiry", inv.Error)
+	}
+	if held.Load() == 0 {
+		t.Fatal("the daemon's download did not go through the proxy")
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the function ran without its args")
+	}
+	t.Logf("reported: %s: %s", inv.Error.Type, inv.Error.Message)
 }
