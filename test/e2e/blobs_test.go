@@ -13,6 +13,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -285,4 +286,46 @@ func TestExpiredPayloadURLFailsTheRun(t *testing.T) {
 		t.Fatal("the function ran without its args")
 	}
 	t.Logf("reported: %s: %s", inv.Error.Type, inv.Error.Message)
+}
+
+// TestServeRefusesABucketItCannotUse: a bucket that does not exist, refused
+// credentials and an endpoint that is down each stop serve before it
+// listens, with a message naming the fix; bad flags are usage errors.
+func TestServeRefusesABucketItCannotUse(t *testing.T) {
+	t.Parallel()
+	bins := harness.Binaries(t)
+	moto := realparts.StartMoto(t)
+	moto.CreateBucket(t, "there")
+	strict := realparts.StartMoto(t, realparts.MotoAuthenticate())
+	down := "http://" + harness.FreeAddr(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"missing bucket", []string{"--blobs", "s3://not-there/cp", "--blobs-endpoint", moto.URL}, 1, "bucket not-there does not exist"},
+		{"refused credentials", []string{"--blobs", "s3://there/cp", "--blobs-endpoint", strict.URL}, 1, "refused"},
+		{"endpoint down", []string{"--blobs", "s3://there/cp", "--blobs-endpoint", down}, 1, "does not answer"},
+		{"not a bucket URL", []string{"--blobs", "gs://there"}, 2, "want local or s3://BUCKET/PREFIX"},
+		{"bad bucket name", []string{"--blobs", "s3://No_Such/x", "--blobs-endpoint", moto.URL}, 2, "--blobs"},
+		{"endpoint without a bucket", []string{"--blobs-endpoint", moto.URL}, 2, "--blobs-endpoint is for a bucket"},
+		{"negative retention", []string{"--payload-retention", "-1h"}, 2, "--payload-retention"},
+		{"tiny URL ttl", []string{"--payload-url-ttl", "10ms"}, 2, "--payload-url-ttl"},
+	} {
+		addr := harness.FreeAddr(t)
+		cmd := exec.Command(bins.Lakeshore, append([]string{"serve", "--addr", addr, "--data", t.TempDir(), "--no-credentials"}, tc.args...)...)
+		cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir(), "LAKESHORE_ADMIN_TOKEN=x"), moto.Env...)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		if code != tc.code || !strings.Contains(string(out), tc.want) {
+			t.Errorf("%s: exit %d, want %d with %q:\n%s", tc.name, code, tc.code, tc.want, out)
+		}
+		if strings.Contains(string(out), "control plane listening") {
+			t.Errorf("%s: serve listened before it refused:\n%s", tc.name, out)
+		}
+	}
 }
