@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,6 +108,11 @@ service (MinIO, Cloudflare R2).
 			if err != nil {
 				return err
 			}
+			if o.endpoint != "" {
+				if u, err := url.Parse(o.endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					return usagef("--endpoint %q: want the S3 service's http:// or https:// URL, e.g. --endpoint http://127.0.0.1:9000", o.endpoint)
+				}
+			}
 			cfg.Endpoint, cfg.Region = o.endpoint, o.region
 			return a.migrate(cmd.Context(), o, dir, cfg)
 		},
@@ -148,11 +154,11 @@ func migrateTarget(to string) (blobs.S3Config, error) {
 	if !strings.HasPrefix(to, "s3://") {
 		return blobs.S3Config{}, usagef("--to %q: want s3://BUCKET[/PREFIX], e.g. --to s3://lakeshore-blobs/prod (the value 'lakeshore serve --blobs' will be given)", to)
 	}
-	cfg, err := blobs.ParseS3URL(to)
+	bucket, prefix, err := blobs.ParseS3URL(to)
 	if err != nil {
-		return blobs.S3Config{}, usagef("--to %q: %v; want s3://BUCKET[/PREFIX], e.g. --to s3://lakeshore-blobs/prod", to, err)
+		return blobs.S3Config{}, usagef("--to: %v; e.g. --to s3://lakeshore-blobs/prod", err)
 	}
-	return cfg, nil
+	return blobs.S3Config{Bucket: bucket, Prefix: prefix}, nil
 }
 
 // migrator copies one data directory into one bucket and keeps the tally.

@@ -59,12 +59,11 @@ func (e *migrateEnv) migrate(t *testing.T, args ...string) result {
 // target opens the bucket the way the control plane will.
 func (e *migrateEnv) target(t *testing.T) blobs.Store {
 	t.Helper()
-	cfg, err := blobs.ParseS3URL(e.url())
+	bucket, prefix, err := blobs.ParseS3URL(e.url())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Endpoint, cfg.Region = e.moto.URL, e.moto.Region
-	st, err := blobs.OpenS3(context.Background(), cfg)
+	st, err := blobs.OpenS3(context.Background(), blobs.S3Config{Bucket: bucket, Prefix: prefix, Endpoint: e.moto.URL, Region: e.moto.Region})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,6 +278,9 @@ func TestBlobsMigrateBadInput(t *testing.T) {
 		{[]string{"--from", "local:" + data, "--to", "gs://b/p"}, []string{`--to "gs://b/p"`, "want s3://BUCKET"}},
 		{[]string{"--from", "local:" + data, "--to", "/tmp/x"}, []string{"--to", "want s3://BUCKET"}},
 		{[]string{"--from", "local:" + data, "--to", "s3://b", "extra"}, []string{"takes no arguments"}},
+		{[]string{"--from", "local:" + data, "--to", "s3://Bad_Bucket/p"}, []string{"--to", "Bad_Bucket"}},
+		{[]string{"--from", "local:" + data, "--to", "s3://b/p?region=x"}, []string{"--to", "query"}},
+		{[]string{"--from", "local:" + data, "--to", "s3://bucket", "--endpoint", "127.0.0.1:9000"}, []string{"--endpoint", "http://"}},
 	} {
 		r := runCLI(t, runOpts{}, nil, append([]string{"blobs", "migrate"}, c.args...)...)
 		if r.code != 2 {
