@@ -325,3 +325,27 @@ func TestLocalCheck(t *testing.T) {
 		t.Fatalf("a directory under a file: %v", err)
 	}
 }
+
+// TestLocalKeyUnderBlob: a file cannot also be a directory, so a local
+// store refuses a key under another blob, and that blob under other keys,
+// as invalid rather than failing.
+func TestLocalKeyUnderBlob(t *testing.T) {
+	f := newLocal(t)
+	ctx := context.Background()
+	for _, k := range []string{"u/a", "u/b/c"} {
+		if _, err := f.store.Put(ctx, k, strings.NewReader("x"), blobs.PutOptions{Size: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []string{"u/a/x", "u/b"} {
+		if _, err := f.store.Put(ctx, k, strings.NewReader("x"), blobs.PutOptions{Size: 1}); !errors.Is(err, blobs.ErrInvalidKey) {
+			t.Errorf("Put %s: %v, want ErrInvalidKey", k, err)
+		}
+		if _, err := f.store.Stat(ctx, k); !errors.Is(err, blobs.ErrNotFound) {
+			t.Errorf("Stat %s: %v, want ErrNotFound", k, err)
+		}
+		if err := f.store.Delete(ctx, k); err != nil {
+			t.Errorf("Delete %s: %v", k, err)
+		}
+	}
+}
