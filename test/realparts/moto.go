@@ -2,6 +2,7 @@ package realparts
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -166,4 +167,23 @@ func findMoto(t testing.TB) string {
 	}
 	Unavailable(t, "moto_server not found on PATH, as %s or as %s (it is the Python package moto[server])", motoPaths[1], motoVersionGlob)
 	return ""
+}
+
+// CreateBucket makes an empty S3 bucket, for a test that needs one of its
+// own. It is a plain unsigned PUT: moto takes one unless it authenticates.
+func (m *Moto) CreateBucket(t testing.TB, name string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPut, m.URL+"/"+name, nil)
+	if err != nil {
+		t.Fatalf("realparts: %v", err)
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("realparts: create bucket %s: %v", name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		t.Fatalf("realparts: create bucket %s: %s: %s", name, resp.Status, b)
+	}
 }
