@@ -10,7 +10,7 @@ import (
 )
 
 // localBlobs is a blobs.Local on a fresh directory.
-func localBlobs(t *testing.T) blobs.Store {
+func localBlobs(t testing.TB) blobs.Store {
 	t.Helper()
 	st, err := blobs.NewLocal(t.TempDir(), blobs.LocalOptions{})
 	if err != nil {
@@ -20,7 +20,7 @@ func localBlobs(t *testing.T) blobs.Store {
 }
 
 // s3Blobs is a blobs.S3 on a fresh bucket of a private moto_server.
-func s3Blobs(t *testing.T) blobs.Store {
+func s3Blobs(t testing.TB) blobs.Store {
 	t.Helper()
 	m := realparts.StartMoto(t)
 	const bucket = "lakeshore-releases"
