@@ -252,28 +252,35 @@ func TestBlobsMigrateCorruptPayloadFails(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A file with no metadata at all has no sha256 to be checked by.
+	const bare = "payloads/ns0/no-metadata"
+	if err := os.WriteFile(filepath.Join(d.dir, filepath.FromSlash(bare)), []byte("bytes"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	r := e.migrate(t, "--from", "local:"+d.dir, "--json")
 	if r.code != 1 {
 		t.Fatalf("exit %d, want 1: %+v", r.code, r)
 	}
 	s := decodeSummary(t, r)
-	if s.Payloads.Copied != 2 || s.Payloads.Failed != 1 || s.Releases.Copied != 1 || s.Releases.Failed != 1 ||
-		len(s.Failures) != 2 || s.Failures[0].Key != bad || s.Failures[1].Key != badRelease {
+	if s.Payloads.Copied != 2 || s.Payloads.Failed != 2 || s.Releases.Copied != 1 || s.Releases.Failed != 1 ||
+		len(s.Failures) != 3 || s.Failures[0].Key != bare || s.Failures[1].Key != bad || s.Failures[2].Key != badRelease {
 		t.Fatalf("summary %+v", s)
 	}
-	if !strings.Contains(r.stderr, "lakeshore: 2 blob(s) failed") || !strings.Contains(r.stderr, "\n  "+bad+": ") ||
-		!strings.Contains(r.stderr, "\n  "+badRelease+": ") || !strings.Contains(r.stderr, "sha256 mismatch") {
+	if !strings.Contains(r.stderr, "lakeshore: 3 blob(s) failed") || !strings.Contains(r.stderr, "\n  "+bad+": ") ||
+		!strings.Contains(r.stderr, "\n  "+badRelease+": ") || !strings.Contains(r.stderr, "sha256 mismatch") ||
+		!strings.Contains(r.stderr, "\n  "+bare+": it has no metadata") {
 		t.Fatalf("stderr does not name every failure and why:\n%s", r.stderr)
 	}
 	dst := e.target(t)
-	for _, key := range []string{bad, badRelease, badRelease + ".sha256"} {
+	for _, key := range []string{bare, bad, badRelease, badRelease + ".sha256"} {
 		if _, err := dst.Stat(context.Background(), key); !errors.Is(err, blobs.ErrNotFound) {
 			t.Fatalf("%s of the corrupt source is in the bucket: %v", key, err)
 		}
 	}
 	// Run again: the good ones are skipped, the bad ones still fail.
 	again := e.migrate(t, "--from", "local:"+d.dir)
-	if again.code != 1 || !strings.Contains(again.stdout, "payloads: 0 copied (0 B), 2 skipped (already there), 1 failed") ||
+	if again.code != 1 || !strings.Contains(again.stdout, "payloads: 0 copied (0 B), 2 skipped (already there), 2 failed") ||
 		!strings.Contains(again.stdout, "releases: 0 copied (0 B), 1 skipped (already there), 1 failed") {
 		t.Fatalf("second run: %+v", again)
 	}
