@@ -86,7 +86,7 @@ each payload read back in full, to prove it. A blob the bucket already holds
 with the same sha256 is skipped, so the command can be run again after a
 failure, or before the switch and once more after, and copies only what is
 missing. A payload file with no sha256 recorded for it (no metadata) is
-reported failed, never copied unchecked. The source is never changed.
+reported failed, never copied unchecked. The source's blobs are only read.
 
 Progress goes to stderr, one line per blob; the summary (copied, skipped,
 failed, bytes) to stdout, or as JSON with --json. The command exits 1, naming
