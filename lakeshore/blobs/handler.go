@@ -56,10 +56,37 @@ func (l *Local) serveGet(w http.ResponseWriter, r *http.Request, token string) {
 	if r.Method == http.MethodHead {
 		return
 	}
-	if _, err := io.Copy(w, rc); err != nil && errors.Is(err, ErrChecksum) {
-		// The status is sent; breaking the connection is the one way
-		// left to tell the client these bytes are not the blob.
+	if err := copyHoldingLast(w, rc); err != nil {
+		// The status is sent; a body cut short of its Content-Length is
+		// the one way left to tell the client these bytes are not the
+		// blob (or that the disk failed it).
 		panic(http.ErrAbortHandler)
+	}
+}
+
+// copyHoldingLast copies r to w one read behind, so the last bytes go out
+// only once r has reached a clean EOF: a blob that fails its sha256 at EOF
+// never reaches the client whole.
+func copyHoldingLast(w io.Writer, r io.Reader) error {
+	buf := make([]byte, 32<<10)
+	pend := make([]byte, 0, len(buf))
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if len(pend) > 0 {
+				if _, werr := w.Write(pend); werr != nil {
+					return werr
+				}
+			}
+			pend = append(pend[:0], buf[:n]...)
+		}
+		if errors.Is(err, io.EOF) {
+			_, werr := w.Write(pend)
+			return werr
+		}
+		if err != nil {
+			return err
+		}
 	}
 }
 

@@ -132,6 +132,9 @@ func (l *Local) Put(ctx context.Context, key string, r io.Reader, o PutOptions) 
 	}
 	p := l.path(key)
 	if err := os.MkdirAll(filepath.Join(filepath.Dir(p), localMetaDir), 0o700); err != nil {
+		if errors.Is(err, syscall.ENOTDIR) {
+			return Info{}, fmt.Errorf("%w %q: a prefix of it is a blob, and in a local store a blob cannot also hold others: %v", ErrInvalidKey, key, err)
+		}
 		return Info{}, fmt.Errorf("blobs: %s: %w", key, err)
 	}
 	blob, err := atomicfile.Create(p, 0o600)

@@ -325,3 +325,58 @@ func TestLocalCheck(t *testing.T) {
 		t.Fatalf("a directory under a file: %v", err)
 	}
 }
+
+// TestLocalKeyUnderBlob: a file cannot also be a directory, so a local
+// store refuses a key under another blob, and that blob under other keys,
+// as invalid rather than failing.
+func TestLocalKeyUnderBlob(t *testing.T) {
+	f := newLocal(t)
+	ctx := context.Background()
+	for _, k := range []string{"u/a", "u/b/c"} {
+		if _, err := f.store.Put(ctx, k, strings.NewReader("x"), blobs.PutOptions{Size: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []string{"u/a/x", "u/b"} {
+		if _, err := f.store.Put(ctx, k, strings.NewReader("x"), blobs.PutOptions{Size: 1}); !errors.Is(err, blobs.ErrInvalidKey) {
+			t.Errorf("Put %s: %v, want ErrInvalidKey", k, err)
+		}
+		if _, err := f.store.Stat(ctx, k); !errors.Is(err, blobs.ErrNotFound) {
+			t.Errorf("Stat %s: %v, want ErrNotFound", k, err)
+		}
+		if err := f.store.Delete(ctx, k); err != nil {
+			t.Errorf("Delete %s: %v", k, err)
+		}
+	}
+}
+
+// TestLocalHandlerCorruptBlob: bytes that no longer hash to their sha256
+// are not served as a whole response; the client sees the transfer fail.
+func TestLocalHandlerCorruptBlob(t *testing.T) {
+	f := newLocal(t)
+	ctx := context.Background()
+	for _, size := range []int{10, 256 << 10} {
+		b := bytes.Repeat([]byte("a"), size)
+		if _, err := f.store.Put(ctx, "c/k", bytes.NewReader(b), blobs.PutOptions{Size: int64(size)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(f.dir, "c", "k"), bytes.Repeat([]byte("b"), size), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p, err := f.store.PresignGet(ctx, "c/k", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.URL = f.srv.URL + p.URL
+		resp, err := blobs.Do(ctx, f.srv.Client(), p, nil, 0)
+		if err == nil {
+			got, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			err = rerr
+			if err == nil {
+				t.Fatalf("%d bytes: a corrupted blob was served whole (%d bytes)", size, len(got))
+			}
+		}
+		t.Logf("%d bytes: %v", size, err)
+	}
+}

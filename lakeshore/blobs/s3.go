@@ -503,9 +503,9 @@ func (s *S3) Check(ctx context.Context) error {
 	case isNotFound(err):
 		return fmt.Errorf("blob store %s: bucket %s does not exist at %s: create it (aws s3 mb s3://%s) or fix --blobs", s, s.bucket, s.where(), s.bucket)
 	case status == http.StatusForbidden || code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch" || code == "AccessDenied":
-		return fmt.Errorf("blob store %s: the credentials (access key %s, from %s) were refused by %s: %w", s, creds.AccessKeyID, creds.Source, s.where(), err)
+		return fmt.Errorf("blob store %s: the credentials (access key %s, from %s) were refused by %s: %w; fix them (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE) or grant them the bucket", s, creds.AccessKeyID, creds.Source, s.where(), err)
 	case errors.As(err, &oe) && oe.Op == "dial", errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("blob store %s: endpoint %s does not answer: %w", s, s.where(), err)
+		return fmt.Errorf("blob store %s: endpoint %s does not answer: %w; start it or fix --blobs-endpoint", s, s.where(), err)
 	}
 	return fmt.Errorf("blob store %s: %s refused HeadBucket: %w", s, s.where(), err)
 }

@@ -1,8 +1,16 @@
 package blobs_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"io"
 	"net"
+	"net/http"
+	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -104,6 +112,7 @@ func TestS3Check(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("Check: %v, want %q", err, want)
 		}
+		t.Log(err)
 	})
 	t.Run("wrong credentials", func(t *testing.T) {
 		m := realparts.StartMoto(t, realparts.MotoAuthenticate())
@@ -112,6 +121,7 @@ func TestS3Check(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "the credentials (access key test, from EnvConfigCredentials) were refused by "+m.URL) {
 			t.Fatalf("Check: %v, want the credentials refused", err)
 		}
+		t.Log(err)
 	})
 	t.Run("endpoint down", func(t *testing.T) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -129,5 +139,140 @@ func TestS3Check(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "endpoint "+endpoint+" does not answer: ") || !strings.Contains(err.Error(), "connection refused") {
 			t.Fatalf("Check: %v, want the endpoint not answering", err)
 		}
+		t.Log(err)
 	})
+}
+
+// TestS3PresignPutHeaders: the URL's headers are the ones signed, the
+// metadata and checksum among them (not hoisted into the query, where moto
+// would not store them), and Host is left to the HTTP client.
+func TestS3PresignPutHeaders(t *testing.T) {
+	m := realparts.StartMoto(t)
+	m.Setenv(t)
+	s := openS3(t, blobs.S3Config{Bucket: newBucket(t, m), Endpoint: m.URL})
+	b := []byte("0123456789")
+	p, err := s.PresignPut(context.Background(), "h/k", blobs.PutOptions{Size: 10, SHA256: hexsum(b), ContentType: "text/plain"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	want := map[string]string{
+		"Content-Length":        "10",
+		"Content-Type":          "text/plain",
+		"X-Amz-Meta-Sha256":     hexsum(b),
+		"X-Amz-Checksum-Sha256": base64.StdEncoding.EncodeToString(sum[:]),
+	}
+	got := map[string]string{}
+	for k, v := range p.Headers {
+		got[http.CanonicalHeaderKey(k)] = v
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("header %s = %q, want %q (headers %v)", k, got[k], v, p.Headers)
+		}
+	}
+	if _, ok := got["Host"]; ok {
+		t.Errorf("Host in the headers: %v", p.Headers)
+	}
+	u, err := url.Parse(p.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed := u.Query().Get("X-Amz-SignedHeaders")
+	for k := range want {
+		if !strings.Contains(signed, strings.ToLower(k)) {
+			t.Errorf("%s is not signed: X-Amz-SignedHeaders=%s", k, signed)
+		}
+	}
+	for k := range u.Query() {
+		if strings.HasPrefix(strings.ToLower(k), "x-amz-meta-") || strings.HasPrefix(strings.ToLower(k), "x-amz-checksum-") {
+			t.Errorf("%s hoisted into the query: %s", k, u.RawQuery)
+		}
+	}
+}
+
+// shiftySeeker reads as one body and, once rewound, as another: a file
+// rewritten while it was being uploaded.
+type shiftySeeker struct {
+	first, then []byte
+	r           *bytes.Reader
+	rewinds     int
+}
+
+func (s *shiftySeeker) Read(p []byte) (int, error) { return s.r.Read(p) }
+
+func (s *shiftySeeker) Seek(off int64, whence int) (int64, error) {
+	pos, _ := s.r.Seek(0, io.SeekCurrent)
+	if whence == io.SeekStart && off == 0 && pos != 0 {
+		s.rewinds++
+		s.r = bytes.NewReader(s.then)
+	}
+	return s.r.Seek(off, whence)
+}
+
+func TestS3PutBodyChangedWhileSent(t *testing.T) {
+	m := realparts.StartMoto(t)
+	m.Setenv(t)
+	s := openS3(t, blobs.S3Config{Bucket: newBucket(t, m), Endpoint: m.URL})
+	first, then := []byte("the bytes that were hashed"), []byte("the bytes that were sent!!")
+	body := &shiftySeeker{first: first, then: then, r: bytes.NewReader(first)}
+	_, err := s.Put(context.Background(), "s/k", body, blobs.PutOptions{Size: -1})
+	if !errors.Is(err, blobs.ErrChecksum) || !strings.Contains(err.Error(), "changed while it was sent") {
+		t.Fatalf("Put of a body that changed: %v, want ErrChecksum", err)
+	}
+	if _, err := s.Stat(context.Background(), "s/k"); !errors.Is(err, blobs.ErrNotFound) {
+		t.Fatalf("what was sent is still there: %v", err)
+	}
+}
+
+// TestS3PutDoesNotHoldTheBody: a body that cannot be rewound is spooled to
+// disk, not memory; what the Put allocates is a small part of its size.
+func TestS3PutDoesNotHoldTheBody(t *testing.T) {
+	m := realparts.StartMoto(t)
+	m.Setenv(t)
+	s := openS3(t, blobs.S3Config{Bucket: newBucket(t, m), Endpoint: m.URL})
+	const size = 32 << 20
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	info, err := s.Put(context.Background(), "big/k", io.LimitReader(zeros{}, size), blobs.PutOptions{Size: -1})
+	runtime.ReadMemStats(&after)
+	if err != nil || info.Size != size {
+		t.Fatalf("Put: %+v, %v", info, err)
+	}
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("a %d MiB Put of unknown size allocated %.1f MiB", size>>20, float64(alloc)/(1<<20))
+	if alloc > size/4 {
+		t.Fatalf("a %d byte Put allocated %d bytes: the body is held in memory", size, alloc)
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// TestS3Region: with no region configured anywhere the store signs for
+// us-east-1; S3Config.Region overrides the chain.
+func TestS3Region(t *testing.T) {
+	m := realparts.StartMoto(t)
+	m.Setenv(t)
+	t.Setenv("AWS_REGION", "")
+	t.Setenv("AWS_DEFAULT_REGION", "")
+	bucket := newBucket(t, m)
+	for region, want := range map[string]string{"": "/us-east-1/s3/", "eu-west-3": "/eu-west-3/s3/"} {
+		s := openS3(t, blobs.S3Config{Bucket: bucket, Endpoint: m.URL, Region: region})
+		p, err := s.PresignPut(context.Background(), "r/k", blobs.PutOptions{Size: 1}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, err := url.Parse(p.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := u.Query().Get("X-Amz-Credential"); !strings.Contains(c, want) {
+			t.Errorf("region %q: X-Amz-Credential %s, want it scoped %s", region, c, want)
+		}
+	}
 }

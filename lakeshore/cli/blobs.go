@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,7 +85,8 @@ refuses bytes that do not match; afterwards the copy is looked up again, and
 each payload read back in full, to prove it. A blob the bucket already holds
 with the same sha256 is skipped, so the command can be run again after a
 failure, or before the switch and once more after, and copies only what is
-missing. The source is never changed.
+missing. A payload file with no sha256 recorded for it (no metadata) is
+reported failed, never copied unchecked. The source's blobs are only read.
 
 Progress goes to stderr, one line per blob; the summary (copied, skipped,
 failed, bytes) to stdout, or as JSON with --json. The command exits 1, naming
@@ -106,6 +109,11 @@ service (MinIO, Cloudflare R2).
 			cfg, err := migrateTarget(o.to)
 			if err != nil {
 				return err
+			}
+			if o.endpoint != "" {
+				if u, err := url.Parse(o.endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					return usagef("--endpoint %q: want the S3 service's http:// or https:// URL, e.g. --endpoint http://127.0.0.1:9000", o.endpoint)
+				}
 			}
 			cfg.Endpoint, cfg.Region = o.endpoint, o.region
 			return a.migrate(cmd.Context(), o, dir, cfg)
@@ -148,11 +156,11 @@ func migrateTarget(to string) (blobs.S3Config, error) {
 	if !strings.HasPrefix(to, "s3://") {
 		return blobs.S3Config{}, usagef("--to %q: want s3://BUCKET[/PREFIX], e.g. --to s3://lakeshore-blobs/prod (the value 'lakeshore serve --blobs' will be given)", to)
 	}
-	cfg, err := blobs.ParseS3URL(to)
+	bucket, prefix, err := blobs.ParseS3URL(to)
 	if err != nil {
-		return blobs.S3Config{}, usagef("--to %q: %v; want s3://BUCKET[/PREFIX], e.g. --to s3://lakeshore-blobs/prod", to, err)
+		return blobs.S3Config{}, usagef("--to: %v; e.g. --to s3://lakeshore-blobs/prod", err)
 	}
-	return cfg, nil
+	return blobs.S3Config{Bucket: bucket, Prefix: prefix}, nil
 }
 
 // migrator copies one data directory into one bucket and keeps the tally.
@@ -179,7 +187,7 @@ func (a *app) migrate(ctx context.Context, o migrateOptions, dir string, cfg blo
 	}
 	m := &migrator{a: a, dryRun: o.dryRun, jsonOut: o.jsonOut, src: src, dst: dst,
 		summary: migrateSummary{From: src.String(), To: dst.String(), DryRun: o.dryRun, Failures: []migrateFailure{}}}
-	if err := m.payloads(ctx); err != nil {
+	if err := m.payloads(ctx, dir); err != nil {
 		return err
 	}
 	if err := m.releases(ctx, filepath.Join(dir, releasesDir)); err != nil {
@@ -198,15 +206,27 @@ func (m *migrator) fail(c *migrateCount, key string, err error) {
 }
 
 // payloads copies every payload key for key.
-func (m *migrator) payloads(ctx context.Context) error {
+func (m *migrator) payloads(ctx context.Context, dir string) error {
 	var all []blobs.Info
+	listed := map[string]bool{}
 	if err := m.src.List(ctx, payloadsPrefix, func(in blobs.Info) error {
 		all = append(all, in)
+		listed[in.Key] = true
 		return nil
 	}); err != nil {
 		return fmt.Errorf("list the payloads of %s: %w", m.src, err)
 	}
 	c := &m.summary.Payloads
+	// The store lists only blobs with metadata; a file without any would
+	// otherwise be left behind without a word.
+	unlisted, err := unlistedPayloads(dir, listed)
+	if err != nil {
+		return err
+	}
+	for _, key := range unlisted {
+		m.fail(c, key, errors.New("it has no metadata in .meta/, so there is no sha256 to check it by (a data directory from before that layout: run 'lakeshore serve --data' on it once to move it, then migrate again)"))
+		fmt.Fprintf(m.a.env.Stderr, "payloads %s: FAILED: no metadata\n", key)
+	}
 	for i, in := range all {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -405,4 +425,40 @@ func (m *migrator) printSummary() error {
 		_, err = fmt.Fprintf(w, "migrated %s to %s; every sha256 checked\n", s.From, s.To)
 	}
 	return err
+}
+
+// unlistedPayloads walks DIR/payloads for regular files that are no blob
+// the store listed (metadata directories and dot-files aside).
+func unlistedPayloads(dir string, listed map[string]bool) ([]string, error) {
+	root := filepath.Join(dir, strings.TrimSuffix(payloadsPrefix, "/"))
+	var out []string
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) && p == root {
+			return filepath.SkipDir
+		}
+		if err != nil {
+			return err
+		}
+		if p != root && strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		if key := filepath.ToSlash(rel); !listed[key] {
+			out = append(out, key)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("walk %s: %w", root, err)
+	}
+	return out, nil
 }

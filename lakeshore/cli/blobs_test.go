@@ -59,12 +59,11 @@ func (e *migrateEnv) migrate(t *testing.T, args ...string) result {
 // target opens the bucket the way the control plane will.
 func (e *migrateEnv) target(t *testing.T) blobs.Store {
 	t.Helper()
-	cfg, err := blobs.ParseS3URL(e.url())
+	bucket, prefix, err := blobs.ParseS3URL(e.url())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Endpoint, cfg.Region = e.moto.URL, e.moto.Region
-	st, err := blobs.OpenS3(context.Background(), cfg)
+	st, err := blobs.OpenS3(context.Background(), blobs.S3Config{Bucket: bucket, Prefix: prefix, Endpoint: e.moto.URL, Region: e.moto.Region})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,23 +241,47 @@ func TestBlobsMigrateCorruptPayloadFails(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// And a release binary rots the same way under its catalogue entry.
+	const badRelease = "releases/0.2.0/nymph-aarch64-unknown-linux-gnu"
+	p = filepath.Join(d.dir, filepath.FromSlash(badRelease))
+	if body, err = os.ReadFile(p); err != nil {
+		t.Fatal(err)
+	}
+	body[7] ^= 0xff
+	if err := os.WriteFile(p, body, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	// A file with no metadata at all has no sha256 to be checked by.
+	const bare = "payloads/ns0/no-metadata"
+	if err := os.WriteFile(filepath.Join(d.dir, filepath.FromSlash(bare)), []byte("bytes"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	r := e.migrate(t, "--from", "local:"+d.dir, "--json")
 	if r.code != 1 {
 		t.Fatalf("exit %d, want 1: %+v", r.code, r)
 	}
 	s := decodeSummary(t, r)
-	if s.Payloads.Copied != 2 || s.Payloads.Failed != 1 || s.Releases.Copied != 2 || len(s.Failures) != 1 || s.Failures[0].Key != bad {
+	if s.Payloads.Copied != 2 || s.Payloads.Failed != 2 || s.Releases.Copied != 1 || s.Releases.Failed != 1 ||
+		len(s.Failures) != 3 || s.Failures[0].Key != bare || s.Failures[1].Key != bad || s.Failures[2].Key != badRelease {
 		t.Fatalf("summary %+v", s)
 	}
-	if !strings.Contains(r.stderr, "lakeshore: 1 blob(s) failed") || !strings.Contains(r.stderr, bad+": ") || !strings.Contains(r.stderr, "sha256") {
-		t.Fatalf("stderr does not name the failure and why:\n%s", r.stderr)
+	if !strings.Contains(r.stderr, "lakeshore: 3 blob(s) failed") || !strings.Contains(r.stderr, "\n  "+bad+": ") ||
+		!strings.Contains(r.stderr, "\n  "+badRelease+": ") || !strings.Contains(r.stderr, "sha256 mismatch") ||
+		!strings.Contains(r.stderr, "\n  "+bare+": it has no metadata") {
+		t.Fatalf("stderr does not name every failure and why:\n%s", r.stderr)
 	}
-	if _, err := e.target(t).Stat(context.Background(), bad); !errors.Is(err, blobs.ErrNotFound) {
-		t.Fatalf("the corrupt payload is in the bucket: %v", err)
+	dst := e.target(t)
+	for _, key := range []string{bare, bad, badRelease, badRelease + ".sha256"} {
+		if _, err := dst.Stat(context.Background(), key); !errors.Is(err, blobs.ErrNotFound) {
+			t.Fatalf("%s of the corrupt source is in the bucket: %v", key, err)
+		}
 	}
-	// Run again: the good ones are skipped, the bad one still fails.
+	// Run again: the good ones are skipped, the bad ones still fail.
 	again := e.migrate(t, "--from", "local:"+d.dir)
-	if again.code != 1 || !strings.Contains(again.stdout, "payloads: 0 copied (0 B), 2 skipped (already there), 1 failed") {
+	if again.code != 1 || !strings.Contains(again.stdout, "payloads: 0 copied (0 B), 2 skipped (already there), 2 failed") ||
+		!strings.Contains(again.stdout, "releases: 0 copied (0 B), 1 skipped (already there), 1 failed") {
 		t.Fatalf("second run: %+v", again)
 	}
 }
@@ -279,6 +302,9 @@ func TestBlobsMigrateBadInput(t *testing.T) {
 		{[]string{"--from", "local:" + data, "--to", "gs://b/p"}, []string{`--to "gs://b/p"`, "want s3://BUCKET"}},
 		{[]string{"--from", "local:" + data, "--to", "/tmp/x"}, []string{"--to", "want s3://BUCKET"}},
 		{[]string{"--from", "local:" + data, "--to", "s3://b", "extra"}, []string{"takes no arguments"}},
+		{[]string{"--from", "local:" + data, "--to", "s3://Bad_Bucket/p"}, []string{"--to", "Bad_Bucket"}},
+		{[]string{"--from", "local:" + data, "--to", "s3://b/p?region=x"}, []string{"--to", "query"}},
+		{[]string{"--from", "local:" + data, "--to", "s3://bucket", "--endpoint", "127.0.0.1:9000"}, []string{"--endpoint", "http://"}},
 	} {
 		r := runCLI(t, runOpts{}, nil, append([]string{"blobs", "migrate"}, c.args...)...)
 		if r.code != 2 {

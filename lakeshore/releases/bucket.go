@@ -69,8 +69,6 @@ const DefaultBucketPrefix = "releases/"
 type Bucket struct {
 	st     blobs.Store
 	prefix string
-	// tempDir is where Publish spools an upload ("" is os.TempDir()).
-	tempDir string
 
 	mu sync.Mutex
 	// sidecars caches the sha256 read from each sidecar, so a listing
@@ -115,7 +113,7 @@ func (b *Bucket) Publish(ctx context.Context, src io.Reader, version, triple str
 			return Release{}, err
 		}
 	}
-	tmp, err := os.CreateTemp(b.tempDir, "nymph-release-*.tmp")
+	tmp, err := os.CreateTemp("", "nymph-release-*.tmp")
 	if err != nil {
 		return Release{}, fmt.Errorf("releases: publish %s: spool: %w", version, err)
 	}

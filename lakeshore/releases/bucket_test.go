@@ -223,3 +223,36 @@ func putBlob(t *testing.T, st blobs.Store, key string, data []byte) {
 		t.Fatalf("put %s: %v", key, err)
 	}
 }
+
+// BenchmarkBucketList measures a listing of 100 releases on moto: "cold"
+// by a replica that has read no sidecar yet (one listing and 100 reads),
+// "warm" by one that has (the listing alone).
+//
+//	go test ./lakeshore/releases/ -run '^$' -bench BucketList -benchtime 20x
+func BenchmarkBucketList(b *testing.B) {
+	st := s3Blobs(b)
+	writer := NewBucket(st, DefaultBucketPrefix)
+	for i := range 100 {
+		if _, err := writer.Publish(context.Background(), bytes.NewReader([]byte(fmt.Sprint("binary ", i))), fmt.Sprintf("7.%d.0", i), "x86_64-unknown-linux-gnu"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run := func(b *testing.B, c *Bucket) {
+		all, err := c.ListContext(context.Background())
+		if err != nil || len(all) != 100 {
+			b.Fatalf("%d releases, %v", len(all), err)
+		}
+	}
+	b.Run("cold", func(b *testing.B) {
+		for b.Loop() {
+			run(b, NewBucket(st, DefaultBucketPrefix))
+		}
+	})
+	b.Run("warm", func(b *testing.B) {
+		c := NewBucket(st, DefaultBucketPrefix)
+		run(b, c)
+		for b.Loop() {
+			run(b, c)
+		}
+	})
+}

@@ -75,6 +75,17 @@ func eachHandler(t *testing.T, test func(t *testing.T, h served)) {
 	}
 }
 
+// eachStreamingHandler is eachHandler without the presigned one, whose
+// bytes do not pass through the handler.
+func eachStreamingHandler(t *testing.T, test func(t *testing.T, h served)) {
+	for _, h := range handlers {
+		if strings.HasSuffix(h.name, "-presigned") {
+			continue
+		}
+		t.Run(h.name, func(t *testing.T) { test(t, h.open(t)) })
+	}
+}
+
 // noFollow, as a header of get, returns a redirect instead of following it.
 const noFollow = "X-Test-No-Follow"
 
@@ -194,12 +205,9 @@ func testHandlerServes(t *testing.T, h served) {
 // streamed bucket may instead answer 503 while it holds a new binary under
 // the old sidecar, but never bytes its ETag does not name.
 func TestReadersSeeConsistentReleases(t *testing.T) {
-	eachHandler(t, func(t *testing.T, h served) {
-		if h.redirects {
-			t.Skip("a presigned download's bytes are the bucket's; the daemon checks them against its command's sha256")
-		}
-		testReadersSeeConsistentReleases(t, h.cat, h.srv)
-	})
+	// A presigned download's bytes are the bucket's, not the handler's;
+	// the daemon checks them against its command's sha256.
+	eachStreamingHandler(t, func(t *testing.T, h served) { testReadersSeeConsistentReleases(t, h.cat, h.srv) })
 }
 
 func testReadersSeeConsistentReleases(t *testing.T, s Catalogue, srv *httptest.Server) {

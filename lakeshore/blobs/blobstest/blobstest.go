@@ -346,7 +346,7 @@ func resolve(f Fixture, p blobs.Presigned) blobs.Presigned {
 }
 
 // wantExpires checks a URL's stated expiry is the store's now plus ttl.
-func wantExpires(t *testing.T, f Fixture, p blobs.Presigned, now time.Time, ttl time.Duration) {
+func wantExpires(t *testing.T, p blobs.Presigned, now time.Time, ttl time.Duration) {
 	t.Helper()
 	if want := now.Add(ttl).Truncate(time.Second); !p.Expires.Truncate(time.Second).Equal(want) {
 		t.Fatalf("Expires %s, want %s (now %s + %s)", p.Expires, want, now, ttl)
@@ -365,7 +365,7 @@ func presignedGet(t *testing.T, f Fixture) {
 	if p.Method != http.MethodGet {
 		t.Fatalf("method %q", p.Method)
 	}
-	wantExpires(t, f, p, now, 10*time.Minute)
+	wantExpires(t, p, now, 10*time.Minute)
 	resp, err := blobs.Do(ctx, f.Client, resolve(f, p), nil, 0)
 	if err != nil {
 		t.Fatalf("presigned GET: %v", err)
@@ -391,7 +391,7 @@ func presignedPut(t *testing.T, f Fixture) {
 	if p.Method != http.MethodPut {
 		t.Fatalf("method %q", p.Method)
 	}
-	wantExpires(t, f, p, now, 5*time.Minute)
+	wantExpires(t, p, now, 5*time.Minute)
 	resp, err := blobs.Do(ctx, f.Client, resolve(f, p), bytes.NewReader(b), int64(len(b)))
 	if err != nil {
 		t.Fatalf("presigned PUT: %v", err)
@@ -491,8 +491,8 @@ func expiry(t *testing.T, f Fixture) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantExpires(t, f, pg, now, ttl)
-	wantExpires(t, f, pp, now, ttl)
+	wantExpires(t, pg, now, ttl)
+	wantExpires(t, pp, now, ttl)
 	for _, p := range []blobs.Presigned{pg, pp} {
 		u, err := url.Parse(p.URL)
 		if err != nil {
