@@ -74,6 +74,37 @@ func (c *Client) ListWorkers(ctx context.Context) ([]operatorapi.Worker, error) 
 	return nonNil(out.Workers, err)
 }
 
+// WorkerFilter filters and pages ListWorkerPage on the server; zero
+// fields match every worker, a zero Limit takes every match.
+type WorkerFilter struct {
+	State, Queue, LabelPrefix string
+	Limit, Offset             int
+}
+
+// ListWorkerPage returns one page of the workers matching f, with how
+// many match and the namespace's counts by state (RouteListWorkers).
+func (c *Client) ListWorkerPage(ctx context.Context, f WorkerFilter) (operatorapi.WorkerList, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{operatorapi.WorkerQueryState: f.State, operatorapi.WorkerQueryQueue: f.Queue,
+		operatorapi.WorkerQueryLabelPrefix: f.LabelPrefix} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if f.Limit > 0 {
+		q.Set(operatorapi.WorkerQueryLimit, strconv.Itoa(f.Limit))
+	}
+	if f.Offset > 0 {
+		q.Set(operatorapi.WorkerQueryOffset, strconv.Itoa(f.Offset))
+	}
+	out, err := call[operatorapi.WorkerList](ctx, c, operatorapi.RouteListWorkers, nil, q, nil)
+	if err != nil {
+		return operatorapi.WorkerList{}, err
+	}
+	out.Workers, _ = nonNil(out.Workers, nil)
+	return out, nil
+}
+
 // GetWorker returns one worker by id (RouteGetWorker).
 func (c *Client) GetWorker(ctx context.Context, workerID string) (operatorapi.Worker, error) {
 	return call[operatorapi.Worker](ctx, c, operatorapi.RouteGetWorker, params{"id": workerID}, nil, nil)

@@ -108,10 +108,41 @@ type KeyInfo struct {
 	RevokedAt *time.Time `json:"revokedAt,omitempty"`
 }
 
-// WorkerList is the body of RouteListWorkers.
+// WorkerList is the body of RouteListWorkers. Its query parameters
+// (the Worker* names below) filter and page it on the server: state (the
+// derived one, stale included), queue (a queue the worker is a member
+// of), labelPrefix, and limit/offset over the matching workers in label
+// order. Without them every worker is listed.
 type WorkerList struct {
 	Workers []Worker `json:"workers"`
+	// Total is how many workers match the filter, paged or not.
+	Total int `json:"total"`
+	// Counts is how many of the namespace's workers are in each state,
+	// whatever the filter, in the order of States.
+	Counts []StateCount `json:"counts"`
 }
+
+// StateCount is how many workers are in one state.
+type StateCount struct {
+	State string `json:"state"`
+	Count int    `json:"count"`
+}
+
+// States lists every state a worker reads back in, stale included.
+var States = []string{StateActive, StateStale, StateJoining, StateSettingUp, StatePending, StateGone}
+
+// Query parameters of RouteListWorkers.
+const (
+	WorkerQueryState       = "state"
+	WorkerQueryQueue       = "queue"
+	WorkerQueryLabelPrefix = "labelPrefix"
+	WorkerQueryLimit       = "limit"
+	WorkerQueryOffset      = "offset"
+	// MaxWorkerPage is the largest limit; MaxWorkerFilter the longest
+	// queue or label prefix.
+	MaxWorkerPage   = 1000
+	MaxWorkerFilter = 256
+)
 
 // ExecRequest submits a shell command to one worker (RouteWorkerExec) or to
 // any eligible member of Queue (RouteQueueExec). Stdin is raw bytes (base64
