@@ -34,7 +34,7 @@ var assetFS embed.FS
 const (
 	DefaultIdleTimeout = 2 * time.Hour
 	DefaultMaxAge      = 12 * time.Hour
-	DefaultRefresh     = time.Second
+	DefaultRefresh     = 2 * time.Second
 	DefaultLoginBurst  = 10
 	DefaultLoginWindow = time.Minute
 )

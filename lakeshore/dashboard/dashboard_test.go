@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -19,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/lakeshore/controlplane"
+	"nymph/lakeshore/dashboard"
 	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 	"nymph/lakeshore/store/sqlite"
@@ -72,7 +74,7 @@ func newEnvIn(t *testing.T, dir string, clock *fakeclock.Clock) *env {
 func (e *env) hello(label string, queues ...string) string {
 	e.t.Helper()
 	w, _, err := e.st.Hello(context.Background(), store.Hello{
-		NewID: fmt.Sprintf("%024x", len(label)*7919+int(label[len(label)-1])), Namespace: "default",
+		NewID: workerID(label), Namespace: "default",
 		MachineID: "m-" + label, Label: label, Queues: queues, Tags: []string{"gpu=h100"},
 		Capabilities: store.Capabilities{Runners: []string{"process"}},
 		Versions:     json.RawMessage(`{"daemon":"1.2.3"}`), Now: e.clock.Now(),
@@ -81,6 +83,13 @@ func (e *env) hello(label string, queues ...string) string {
 		e.t.Fatalf("hello %s: %v", label, err)
 	}
 	return w.ID
+}
+
+// workerID is a worker id made of the label, as unique as it.
+func workerID(label string) string {
+	h := fnv.New64a()
+	h.Write([]byte(label))
+	return fmt.Sprintf("%024x", h.Sum64())
 }
 
 // browser is an HTTP client with a cookie jar that does not follow
@@ -402,4 +411,51 @@ func TestLiveFleetShowsStale(t *testing.T) {
 	if !strings.Contains(second["fleet-rows"], `data-state="stale"`) || !strings.Contains(second["fleet-counts"], `id="count-stale">1<`) {
 		t.Fatalf("after the stale window: %v", second)
 	}
+}
+
+// With 10,000 daemons in a real store, a fleet page renders one page of
+// them (and the counts of all), not every row; the filters and the pager
+// reach the rest.
+func TestFleetOf10000Daemons(t *testing.T) {
+	e := newEnv(t)
+	const n = 10_000
+	start := time.Now()
+	for i := range n {
+		q := []string{"cpu"}
+		if i%2 == 0 {
+			q = []string{"gpu"}
+		}
+		e.hello(fmt.Sprintf("d-%05d", i), q...)
+	}
+	t.Logf("%d worker rows created in %v", n, time.Since(start).Round(time.Millisecond))
+	b := e.browser().loggedIn()
+	rows := regexp.MustCompile(`<tr data-label="([^"]+)"`)
+	labels := func(p page) []string {
+		var out []string
+		for _, m := range rows.FindAllStringSubmatch(p.body, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+	start = time.Now()
+	p := b.get("/fleet")
+	took := time.Since(start)
+	expect(t, p, http.StatusOK, `id="count-all">10000<`, `id="count-active">10000<`, "1–100 of 10000")
+	if got := labels(p); len(got) != dashboard.PageSize || got[0] != "d-00000" || got[99] != "d-00099" {
+		t.Fatalf("first page: %d rows, %v … ", len(got), got[:min(3, len(got))])
+	}
+	t.Logf("fleet page of %d daemons: %v, %d bytes", n, took.Round(time.Millisecond), len(p.body))
+
+	p = b.get("/fleet?page=100")
+	if got := labels(p); len(got) != 100 || got[0] != "d-09900" || got[99] != "d-09999" || strings.Contains(p.body, `id="next"`) {
+		t.Fatalf("last page: %d rows from %v", len(got), got[:min(1, len(got))])
+	}
+	expect(t, p, http.StatusOK, "9901–10000 of 10000", `id="prev"`)
+	p = b.get("/fleet?queue=gpu&label=d-0999")
+	if got := labels(p); len(got) != 5 || got[0] != "d-09990" {
+		t.Fatalf("gpu daemons labelled d-0999*: %v", got)
+	}
+	expect(t, p, http.StatusOK, "1–5 of 5", `id="count-all">10000<`)
+	p = b.get("/fleet?state=stale")
+	expect(t, p, http.StatusOK, "No daemon matches.", "0 of 0")
 }
