@@ -114,6 +114,7 @@ var funcs = template.FuncMap{
 	"stamp":    stamp,
 	"join":     strings.Join,
 	"versions": versions,
+	"short":    shortVersions,
 	"ms":       func(v uint64) string { return (time.Duration(v) * time.Millisecond).String() },
 	"since":    func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
 	"took":     took,
@@ -167,16 +168,40 @@ func took(start, end *time.Time) string {
 }
 
 // versions renders a worker's versions object as "name value" pairs,
-// sorted by name.
+// sorted by name, leaving out what the daemon did not find (null); an
+// object or list value is shown as JSON.
 func versions(raw json.RawMessage) []string {
-	var m map[string]any
+	var m map[string]json.RawMessage
 	if json.Unmarshal(raw, &m) != nil {
 		return nil
 	}
 	out := make([]string, 0, len(m))
 	for k, v := range m {
-		out = append(out, fmt.Sprintf("%s %v", k, v))
+		var s string
+		switch {
+		case string(v) == "null":
+			continue
+		case json.Unmarshal(v, &s) == nil:
+			out = append(out, k+" "+s)
+		default:
+			out = append(out, k+" "+string(v))
+		}
 	}
 	slices.Sort(out)
+	return out
+}
+
+// fleetVersions are the versions a fleet row shows; the daemon's page
+// shows them all.
+var fleetVersions = []string{"daemon", "protocol"}
+
+func shortVersions(raw json.RawMessage) []string {
+	var out []string
+	for _, v := range versions(raw) {
+		name, _, _ := strings.Cut(v, " ")
+		if slices.Contains(fleetVersions, name) {
+			out = append(out, v)
+		}
+	}
 	return out
 }
