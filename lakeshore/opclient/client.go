@@ -197,6 +197,20 @@ func (c *Client) GetExec(ctx context.Context, execID string, wait time.Duration,
 	return call[operatorapi.Exec](ctx, c, operatorapi.RouteGetExec, params{"exec_id": execID}, q, nil)
 }
 
+// ListExecs lists the namespace's execs, newest first, one worker's with
+// workerID (RouteListExecs); limit 0 is the server's default.
+func (c *Client) ListExecs(ctx context.Context, workerID string, limit int) ([]operatorapi.ExecSummary, error) {
+	q := url.Values{}
+	if workerID != "" {
+		q.Set("worker", workerID)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	out, err := call[operatorapi.ExecList](ctx, c, operatorapi.RouteListExecs, nil, q, nil)
+	return nonNil(out.Execs, err)
+}
+
 // Setup queues a setup script on a worker (RouteSetup).
 func (c *Client) Setup(ctx context.Context, workerID string, req operatorapi.SetupRequest) (operatorapi.Queued, error) {
 	return call[operatorapi.Queued](ctx, c, operatorapi.RouteSetup, params{"id": workerID}, nil, req)

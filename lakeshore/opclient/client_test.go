@@ -377,3 +377,15 @@ func TestListWorkerPageSendsTheFilter(t *testing.T) {
 		t.Fatalf("zero filter: query %q, %v", f.last(t).query, err)
 	}
 }
+
+func TestListExecsSendsTheFilter(t *testing.T) {
+	f, c := newFakeCP(t)
+	f.handle(operatorapi.RouteListExecs, 200, operatorapi.ExecList{Execs: []operatorapi.ExecSummary{{ExecID: "e1", State: "queued"}}})
+	got, err := c.ListExecs(ctx(t), "w1", 5)
+	if err != nil || len(got) != 1 || got[0].ExecID != "e1" {
+		t.Fatalf("ListExecs = %+v, %v", got, err)
+	}
+	if r := f.last(t); r.path != "/v1/namespaces/lab/execs" || r.query != "limit=5&worker=w1" {
+		t.Fatalf("request = %+v", r)
+	}
+}

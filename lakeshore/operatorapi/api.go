@@ -11,13 +11,15 @@ const DefaultNamespace = "default"
 // Routes, as net/http method+path patterns. {ns} is the namespace, {id} a
 // worker id, {exec_id} an exec id, {inv_id} an invocation id.
 const (
-	RouteListWorkers  = "GET /v1/namespaces/{ns}/workers"
-	RouteGetWorker    = "GET /v1/namespaces/{ns}/workers/{id}"
-	RouteKillWorker   = "DELETE /v1/namespaces/{ns}/workers/{id}"
-	RouteCleanup      = "POST /v1/namespaces/{ns}/workers/cleanup"
-	RouteWorkerExec   = "POST /v1/namespaces/{ns}/workers/{id}/exec"
-	RouteQueueExec    = "POST /v1/namespaces/{ns}/exec"
-	RouteGetExec      = "GET /v1/namespaces/{ns}/execs/{exec_id}"
+	RouteListWorkers = "GET /v1/namespaces/{ns}/workers"
+	RouteGetWorker   = "GET /v1/namespaces/{ns}/workers/{id}"
+	RouteKillWorker  = "DELETE /v1/namespaces/{ns}/workers/{id}"
+	RouteCleanup     = "POST /v1/namespaces/{ns}/workers/cleanup"
+	RouteWorkerExec  = "POST /v1/namespaces/{ns}/workers/{id}/exec"
+	RouteQueueExec   = "POST /v1/namespaces/{ns}/exec"
+	RouteGetExec     = "GET /v1/namespaces/{ns}/execs/{exec_id}"
+	// RouteListExecs lists execs, newest first (ExecList).
+	RouteListExecs    = "GET /v1/namespaces/{ns}/execs"
 	RouteSetup        = "POST /v1/namespaces/{ns}/workers/{id}/setup"
 	RouteHibernate    = "POST /v1/namespaces/{ns}/workers/{id}/hibernate"
 	RouteWake         = "POST /v1/namespaces/{ns}/workers/{id}/wake"
@@ -204,6 +206,28 @@ type Exec struct {
 	Offset     int64       `json:"offset"`
 	NextOffset int64       `json:"nextOffset"`
 	Result     *ExecResult `json:"result,omitempty"`
+}
+
+// ExecList is the body of RouteListExecs, newest first. Query
+// parameters: worker (a worker id: only its execs), limit
+// (1..MaxListLimit, default DefaultListLimit).
+type ExecList struct {
+	Execs []ExecSummary `json:"execs"`
+}
+
+// ExecSummary is one exec in a list: where it is and how it ended,
+// without its output.
+type ExecSummary struct {
+	ExecID     string     `json:"execId"`
+	WorkerID   string     `json:"workerId"`
+	Command    string     `json:"command"`
+	State      string     `json:"state"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	StartedAt  *time.Time `json:"startedAt,omitempty"`
+	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	// ExitCode and Error, once finished, are its result's.
+	ExitCode *int32  `json:"exitCode,omitempty"`
+	Error    *string `json:"error,omitempty"`
 }
 
 // SetupRequest queues a setup script on a worker.

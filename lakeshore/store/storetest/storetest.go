@@ -85,6 +85,7 @@ func Run(t *testing.T, b Backend) {
 		{"LaunchedWorkerIsAdoptedByItsHello", testLaunchedWorkerIsAdoptedByItsHello},
 		{"PayloadRetention", testPayloadRetention},
 		{"SessionsExpireAndEnd", testSessionsExpireAndEnd},
+		{"ListExecsNewestFirst", testListExecsNewestFirst},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -11,3 +11,8 @@ CREATE TABLE sessions (
     absolute_at BIGINT NOT NULL
 );
 CREATE INDEX sessions_expires ON sessions (expires_at);
+
+-- The newest execs of a namespace, or of one worker, for the lists of
+-- the operator API and the dashboard.
+CREATE INDEX execs_recent ON execs (namespace, created_at);
+CREATE INDEX execs_worker_recent ON execs (worker_id, created_at);
