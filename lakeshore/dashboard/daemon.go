@@ -23,6 +23,7 @@ const (
 type daemonView struct {
 	W         operatorapi.Worker
 	Runs      []operatorapi.Invocation
+	Execs     []operatorapi.ExecSummary
 	LaunchLog string
 	Notice    string
 	Hibernate []string
@@ -51,6 +52,9 @@ func (d *Dashboard) handleDaemon(w http.ResponseWriter, r *http.Request, s store
 		}
 	} else {
 		d.log.Warn().Err(err).Msg("list invocations for a daemon page")
+	}
+	if v.Execs, err = d.api.ListExecs(r.Context(), wk.ID, recentRuns); err != nil {
+		d.log.Warn().Err(err).Msg("list execs for a daemon page")
 	}
 	if wk.Provider != "" {
 		if l, err := d.api.LaunchLog(r.Context(), wk.ID, true); err == nil {

@@ -145,6 +145,7 @@ func (d *Dashboard) Mount(mux *http.ServeMux) {
 		"GET /fleet/live":             d.authedStream(d.handleFleetLive),
 		"GET /daemons/{id}":           d.authed(d.handleDaemon),
 		"POST /daemons/{id}/{action}": d.authed(d.handleAction),
+		"GET /execs":                  d.authed(d.handleExecs),
 		"GET /execs/{id}":             d.authed(d.handleExec),
 		"GET /execs/{id}/live":        d.authedStream(d.handleExecLive),
 		"GET /invocations":            d.authed(d.handleInvocations),

@@ -284,6 +284,11 @@ func TestCSRFOriginAndConfirmation(t *testing.T) {
 		t.Fatalf("exec: %d %s", p.status, p.header.Get("Location"))
 	}
 	expect(t, b.get(p.header.Get("Location")), http.StatusOK, "echo hi", "queued")
+	execID := strings.TrimPrefix(p.header.Get("Location"), "/execs/")
+	expect(t, b.get("/execs"), http.StatusOK, `data-exec="`+execID+`"`, "echo hi")
+	expect(t, b.get("/execs?worker="+id), http.StatusOK, `data-exec="`+execID+`"`)
+	expect(t, b.get("/daemons/"+id), http.StatusOK, `data-exec="`+execID+`"`, "gpu=h100", "daemon 1.2.3")
+	expect(t, b.get("/execs?worker=a%20b"), http.StatusBadRequest, "worker")
 
 	// Kill, confirmed, removes the row.
 	expectRedirect(t, b.post("/daemons/"+id+"/kill", url.Values{"confirm": {"yes"}}), "/fleet?did=kill")
@@ -458,4 +463,31 @@ func TestFleetOf10000Daemons(t *testing.T) {
 	expect(t, p, http.StatusOK, "1–5 of 5", `id="count-all">10000<`)
 	p = b.get("/fleet?state=stale")
 	expect(t, p, http.StatusOK, "No daemon matches.", "0 of 0")
+}
+
+// Behind TLS the session cookie is Secure too.
+func TestSecureCookieUnderTLS(t *testing.T) {
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	d, err := dashboard.New(dashboard.Config{API: http.NotFoundHandler(), Token: admin, Sessions: st, Secure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	d.Mount(mux)
+	hs := httptest.NewTLSServer(mux)
+	t.Cleanup(hs.Close)
+	c := hs.Client()
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := c.PostForm(hs.URL+"/login", url.Values{"token": {admin}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if ck := resp.Header.Get("Set-Cookie"); resp.StatusCode != http.StatusSeeOther || !strings.Contains(ck, "; Secure") || !strings.Contains(ck, "HttpOnly") {
+		t.Fatalf("login over TLS: %d, cookie %q", resp.StatusCode, ck)
+	}
 }

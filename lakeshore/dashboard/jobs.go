@@ -13,6 +13,23 @@ import (
 // liveWait is how long one read of a live job waits for news.
 const liveWait = 10 * time.Second
 
+// execsView is what execs.html renders.
+type execsView struct {
+	List   []operatorapi.ExecSummary
+	Worker string
+}
+
+func (d *Dashboard) handleExecs(w http.ResponseWriter, r *http.Request, s store.Session) {
+	v := execsView{Worker: r.URL.Query().Get("worker")}
+	list, err := d.api.ListExecs(r.Context(), v.Worker, operatorapi.DefaultListLimit)
+	if err != nil {
+		d.apiFail(w, r, s, err)
+		return
+	}
+	v.List = list
+	d.render(w, http.StatusOK, "execs", view{Title: "Execs", CSRF: s.CSRF, Data: v})
+}
+
 // execView is what exec.html renders.
 type execView struct {
 	E      operatorapi.Exec

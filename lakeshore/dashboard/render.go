@@ -17,7 +17,7 @@ import (
 
 // pageNames are the templates/<name>.html files, each a "content" inside
 // layout.html.
-var pageNames = []string{"login", "error", "fleet", "daemon", "confirm", "exec", "invocations", "invocation"}
+var pageNames = []string{"login", "error", "fleet", "daemon", "confirm", "exec", "execs", "invocations", "invocation"}
 
 // pages holds one parsed template set per page.
 type pages struct{ byName map[string]*template.Template }
