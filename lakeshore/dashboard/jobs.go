@@ -82,7 +82,7 @@ func (d *Dashboard) handleExecLive(w http.ResponseWriter, r *http.Request, _ sto
 	// The first read answers a bad id with its status, before the stream.
 	e, err := d.api.GetExec(r.Context(), id, 0, offset)
 	if err != nil {
-		http.Error(w, "no such exec", max(opclient.StatusOf(err), http.StatusBadRequest))
+		streamRefused(w, err, "no such exec")
 		return
 	}
 	st := startStream(w)
@@ -186,7 +186,7 @@ func (d *Dashboard) handleInvocationLive(w http.ResponseWriter, r *http.Request,
 	}
 	logs, err := d.api.InvocationLogs(r.Context(), id, after, 0, 0)
 	if err != nil {
-		http.Error(w, "no such invocation", max(opclient.StatusOf(err), http.StatusBadRequest))
+		streamRefused(w, err, "no such invocation")
 		return
 	}
 	st := startStream(w)
@@ -215,4 +215,14 @@ func (d *Dashboard) handleInvocationLive(w http.ResponseWriter, r *http.Request,
 			return
 		}
 	}
+}
+
+// streamRefused answers a live stream whose first read failed: the API's
+// 4xx (a bad or unknown id), else 502.
+func streamRefused(w http.ResponseWriter, err error, msg string) {
+	status := opclient.StatusOf(err)
+	if status < 400 || status >= 500 {
+		status, msg = http.StatusBadGateway, "the control plane did not answer"
+	}
+	http.Error(w, msg, status)
 }
