@@ -128,15 +128,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	if n := eval[string](t, ctx, `document.getElementById("count-stale").textContent`); n != "1" {
 		t.Fatalf("stale count %s, want 1", n)
 	}
-	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatalf("screenshot: %v", err)
-	}
-	shotPath := screenshotPath(t, "fleet.png")
-	if err := os.WriteFile(shotPath, shot, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("screenshot of the fleet page: %s", shotPath)
+	screenshot(t, ctx, "fleet")
 
 	// An exec from keeper's page: its first line shows while it waits on
 	// a gate, the rest and its exit once the gate opens.
@@ -144,7 +136,9 @@ func TestDashboardInABrowser(t *testing.T) {
 	command := fmt.Sprintf("echo tick-one; while [ ! -e %s ]; do sleep 0.05; done; echo tick-two", gate)
 	in(t, ctx, "open keeper's page and run an exec",
 		chromedp.Click(`tr[data-label="keeper"] a`),
-		chromedp.WaitVisible("#exec-command"),
+		chromedp.WaitVisible("#exec-command"))
+	screenshot(t, ctx, "daemon")
+	in(t, ctx, "run an exec from keeper's page",
 		chromedp.SendKeys("#exec-command", command),
 		chromedp.Click("#exec-run"),
 		chromedp.WaitVisible("#confirm"),
@@ -160,6 +154,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	in(t, ctx, "the rest of the output and the exit code to stream in",
 		poll(`document.getElementById("output").textContent.includes("tick-two")`),
 		poll(`document.getElementById("status").textContent.startsWith("finished, exit 0")`))
+	screenshot(t, ctx, "exec")
 
 	// A POST without the CSRF token (a fetch from the page itself, with
 	// its cookie) is refused.
@@ -204,6 +199,23 @@ func TestDashboardInABrowser(t *testing.T) {
 			t.Fatalf("%s with the cookie of the ended session: %d", path, resp.StatusCode)
 		}
 	}
+}
+
+// screenshot saves the page as NAME.png where screenshotPath says, and
+// says where.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, browserTimeout)
+	defer cancel()
+	shot, err := chromedp.Run(sctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	path := screenshotPath(t, name+".png")
+	if err := os.WriteFile(path, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot of the %s page: %s", name, path)
 }
 
 // screenshotPath is where the fleet screenshot goes: the test's artifact
