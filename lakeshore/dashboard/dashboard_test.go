@@ -21,6 +21,7 @@ import (
 
 	"nymph/lakeshore/controlplane"
 	"nymph/lakeshore/dashboard"
+	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
 	"nymph/lakeshore/store/sqlite"
@@ -490,4 +491,24 @@ func TestSecureCookieUnderTLS(t *testing.T) {
 	if ck := resp.Header.Get("Set-Cookie"); resp.StatusCode != http.StatusSeeOther || !strings.Contains(ck, "; Secure") || !strings.Contains(ck, "HttpOnly") {
 		t.Fatalf("login over TLS: %d, cookie %q", resp.StatusCode, ck)
 	}
+}
+
+// The invocation list and a queued invocation's page, whose output
+// stream stays open while it runs.
+func TestInvocationPages(t *testing.T) {
+	e := newEnv(t)
+	api, err := opclient.New(e.url, admin, opclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := api.SubmitInvocation(context.Background(), operatorapi.InvocationRequest{Script: "echo hi"})
+	if err != nil {
+		t.Fatalf("submit: %v", err)
+	}
+	b := e.browser().loggedIn()
+	expect(t, b.get("/invocations"), http.StatusOK, sub.Invocation.ID, "script", "queued")
+	expect(t, b.get("/invocations?state=queued"), http.StatusOK, sub.Invocation.ID)
+	expect(t, b.get("/invocations?state=succeeded"), http.StatusOK, "No invocation matches.")
+	expect(t, b.get("/invocations/"+sub.Invocation.ID), http.StatusOK, `id="status">queued<`,
+		`data-live="/invocations/`+sub.Invocation.ID+`/live?after=0"`)
 }
