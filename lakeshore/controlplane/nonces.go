@@ -115,3 +115,17 @@ func (s *Server) startNoncePurge(interval time.Duration) {
 		}
 	})
 }
+
+// startSessionPurge drops expired dashboard sessions every interval, as
+// startNoncePurge drops nonces.
+func (s *Server) startSessionPurge(interval time.Duration) {
+	s.every(interval, max(interval, 10*time.Second), func(ctx context.Context) {
+		n, err := s.st.PurgeSessions(ctx, s.now())
+		switch {
+		case err != nil:
+			s.log.Warn().Err(err).Msg("purge expired dashboard sessions")
+		case n > 0:
+			s.log.Debug().Int64("sessions", n).Msg("expired dashboard sessions purged")
+		}
+	})
+}

@@ -380,3 +380,42 @@ func parseWait(v string, max time.Duration) (time.Duration, error) {
 	}
 	return min(time.Duration(math.Min(f, 1e6)*float64(time.Second)), max), nil
 }
+
+func (s *Server) handleListExecs(w http.ResponseWriter, r *http.Request) {
+	ns, err := namespace(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	q := r.URL.Query()
+	f := store.ExecFilter{Namespace: ns, WorkerID: q.Get("worker")}
+	if f.WorkerID != "" && !validPathID(f.WorkerID) {
+		writeOperatorError(w, badField(http.StatusBadRequest, "worker", "must be a worker id"))
+		return
+	}
+	limit, err := queryInt(q.Get("limit"), "limit", operatorapi.DefaultListLimit, 1, operatorapi.MaxListLimit)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	f.Limit = int(limit)
+	all, err := s.st.ListExecs(r.Context(), f)
+	if err != nil {
+		s.log.Error().Err(err).Msg("list execs")
+		writeOperatorError(w, err)
+		return
+	}
+	out := operatorapi.ExecList{Execs: make([]operatorapi.ExecSummary, 0, len(all))}
+	for _, e := range all {
+		v := operatorapi.ExecSummary{ExecID: e.ID, WorkerID: e.WorkerID, Command: e.Command, State: e.State,
+			CreatedAt: e.CreatedAt, StartedAt: e.StartedAt, FinishedAt: e.FinishedAt}
+		if e.State == operatorapi.ExecFinished && len(e.Result) > 0 {
+			var res messages.ExecResult
+			if err := messages.Unmarshal(e.Result, &res); err == nil {
+				v.ExitCode, v.Error = &res.ExitCode, res.Error
+			}
+		}
+		out.Execs = append(out.Execs, v)
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -18,7 +18,7 @@ func TestOperatorAuth(t *testing.T) {
 		operatorapi.RouteListWorkers, operatorapi.RouteGetWorker, operatorapi.RouteKillWorker, operatorapi.RouteCleanup,
 		operatorapi.RouteWorkerExec, operatorapi.RouteQueueExec, operatorapi.RouteGetExec, operatorapi.RouteSetup,
 		operatorapi.RouteHibernate, operatorapi.RouteReset, operatorapi.RouteCancel, operatorapi.RouteCreateToken, operatorapi.RouteListTokens, operatorapi.RouteRevokeToken, operatorapi.RouteDeleteRelease,
-		operatorapi.RouteListCommands,
+		operatorapi.RouteListCommands, operatorapi.RouteListExecs,
 	}
 	for _, route := range routes {
 		method, path := routeURL(route, "w1", "e1")

@@ -4,7 +4,12 @@ import (
 	"encoding/json"
 	"math"
 	"net/http"
+	"net/url"
+	"slices"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
@@ -112,6 +117,11 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
 		writeOperatorError(w, err)
 		return
 	}
+	f, err := parseWorkerFilter(r.URL.Query())
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
 	all, err := s.listWorkers(r.Context(), ns)
 	if err != nil {
 		s.log.Error().Err(err).Msg("list workers")
@@ -119,13 +129,79 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := s.now()
-	out := operatorapi.WorkerList{Workers: make([]operatorapi.Worker, 0, len(all))}
+	// Filtered and counted on the rows; only the page becomes views, with
+	// its keys and outcomes read.
+	counts := map[string]int{}
+	var page []store.Worker
+	total := 0
 	for _, wk := range all {
+		state := s.derivedState(wk, now)
+		counts[state]++
+		if !f.match(wk, state) {
+			continue
+		}
+		if total >= f.offset && (f.limit == 0 || len(page) < f.limit) {
+			page = append(page, wk)
+		}
+		total++
+	}
+	out := operatorapi.WorkerList{Workers: make([]operatorapi.Worker, 0, len(page)), Total: total,
+		Counts: make([]operatorapi.StateCount, 0, len(operatorapi.States))}
+	for _, st := range operatorapi.States {
+		out.Counts = append(out.Counts, operatorapi.StateCount{State: st, Count: counts[st]})
+	}
+	for _, wk := range page {
 		out.Workers = append(out.Workers, s.workerView(wk, now))
 	}
 	s.withKeys(r.Context(), ns, out.Workers)
 	s.withOutcomes(r.Context(), ns, out.Workers, false)
 	writeJSON(w, http.StatusOK, out)
+}
+
+// workerFilter is RouteListWorkers' query: zero fields match everything,
+// a zero limit takes every match.
+type workerFilter struct {
+	state, queue, labelPrefix string
+	limit, offset             int
+}
+
+func (f workerFilter) match(w store.Worker, state string) bool {
+	if f.state != "" && state != f.state {
+		return false
+	}
+	if f.labelPrefix != "" && !strings.HasPrefix(w.Label, f.labelPrefix) {
+		return false
+	}
+	return f.queue == "" || slices.Contains(w.Queues, f.queue)
+}
+
+// parseWorkerFilter validates the query; a queue or prefix with odd
+// characters is no error (it matches nothing), one too long or with a
+// control character is.
+func parseWorkerFilter(q url.Values) (workerFilter, error) {
+	f := workerFilter{state: q.Get(operatorapi.WorkerQueryState), queue: q.Get(operatorapi.WorkerQueryQueue),
+		labelPrefix: q.Get(operatorapi.WorkerQueryLabelPrefix)}
+	if f.state != "" && !slices.Contains(operatorapi.States, f.state) {
+		return f, badField(http.StatusBadRequest, operatorapi.WorkerQueryState, "must be one of %s", strings.Join(operatorapi.States, ", "))
+	}
+	for name, v := range map[string]string{operatorapi.WorkerQueryQueue: f.queue, operatorapi.WorkerQueryLabelPrefix: f.labelPrefix} {
+		if len(v) > operatorapi.MaxWorkerFilter {
+			return f, badField(http.StatusBadRequest, name, "at most %d bytes", operatorapi.MaxWorkerFilter)
+		}
+		if strings.ContainsFunc(v, unicode.IsControl) || !utf8.ValidString(v) {
+			return f, badField(http.StatusBadRequest, name, "must be printable UTF-8")
+		}
+	}
+	limit, err := queryInt(q.Get(operatorapi.WorkerQueryLimit), operatorapi.WorkerQueryLimit, 0, 0, operatorapi.MaxWorkerPage)
+	if err != nil {
+		return f, err
+	}
+	offset, err := queryInt(q.Get(operatorapi.WorkerQueryOffset), operatorapi.WorkerQueryOffset, 0, 0, math.MaxInt32)
+	if err != nil {
+		return f, err
+	}
+	f.limit, f.offset = int(limit), int(offset)
+	return f, nil
 }
 
 func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {

@@ -39,6 +39,7 @@ func (s *Server) routes() *http.ServeMux {
 		{operatorapi.RouteWorkerExec, s.adminAuth(s.handleWorkerExec)},
 		{operatorapi.RouteQueueExec, s.adminAuth(s.handleQueueExec)},
 		{operatorapi.RouteGetExec, s.adminAuth(s.handleGetExec)},
+		{operatorapi.RouteListExecs, s.adminAuth(s.handleListExecs)},
 		{operatorapi.RouteSetup, s.adminAuth(s.handleSetup)},
 		{operatorapi.RouteHibernate, s.adminAuth(s.handleHibernate)},
 		{operatorapi.RouteWake, s.adminAuth(s.handleWake)},

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"nymph/lakeshore/blobs"
+	"nymph/lakeshore/dashboard"
 
 	"github.com/rs/zerolog"
 
@@ -116,6 +117,9 @@ type Config struct {
 	// MaxConnsPerIP caps the connections Serve keeps open at once from
 	// one remote address; 0 is no cap.
 	MaxConnsPerIP int
+	// DashboardRefresh is how often a live dashboard page re-reads the
+	// fleet; zero means dashboard.DefaultRefresh.
+	DashboardRefresh time.Duration
 	// OpenProvider opens the launcher of a registered provider; nil
 	// leaves the control plane unable to launch (the provider routes say
 	// so). Its launchers keep their files under DataDir/providers.
@@ -298,7 +302,18 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.payloads, err = openPayloads(cfg, payloadURLKey(s.adminToken), s.now); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	s.handler = s.middleware(s.routes())
+	mux := s.routes()
+	// The dashboard drives the operator API through mux itself, and its
+	// pages are mounted beside it.
+	dash, err := dashboard.New(dashboard.Config{
+		API: mux, Token: s.adminToken, Sessions: s.st, Secure: s.tls != nil, Now: s.now, Done: s.closing,
+		Refresh: cfg.DashboardRefresh, Logger: s.log.With().Str("component", "dashboard").Logger(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	dash.Mount(mux)
+	s.handler = s.middleware(mux)
 	// Before the sweeper, whose first broadcast may come at once.
 	if cfg.Notifier != nil {
 		s.stopNotifier = s.startNotifier(cfg.Notifier)
@@ -310,6 +325,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		purge = DefaultNoncePurgeInterval
 	}
 	s.startNoncePurge(purge)
+	s.startSessionPurge(purge)
 	s.startPayloadRetention(cfg.PayloadSweepInterval)
 	return s, nil
 }

@@ -74,6 +74,37 @@ func (c *Client) ListWorkers(ctx context.Context) ([]operatorapi.Worker, error) 
 	return nonNil(out.Workers, err)
 }
 
+// WorkerFilter filters and pages ListWorkerPage on the server; zero
+// fields match every worker, a zero Limit takes every match.
+type WorkerFilter struct {
+	State, Queue, LabelPrefix string
+	Limit, Offset             int
+}
+
+// ListWorkerPage returns one page of the workers matching f, with how
+// many match and the namespace's counts by state (RouteListWorkers).
+func (c *Client) ListWorkerPage(ctx context.Context, f WorkerFilter) (operatorapi.WorkerList, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{operatorapi.WorkerQueryState: f.State, operatorapi.WorkerQueryQueue: f.Queue,
+		operatorapi.WorkerQueryLabelPrefix: f.LabelPrefix} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if f.Limit > 0 {
+		q.Set(operatorapi.WorkerQueryLimit, strconv.Itoa(f.Limit))
+	}
+	if f.Offset > 0 {
+		q.Set(operatorapi.WorkerQueryOffset, strconv.Itoa(f.Offset))
+	}
+	out, err := call[operatorapi.WorkerList](ctx, c, operatorapi.RouteListWorkers, nil, q, nil)
+	if err != nil {
+		return operatorapi.WorkerList{}, err
+	}
+	out.Workers, _ = nonNil(out.Workers, nil)
+	return out, nil
+}
+
 // GetWorker returns one worker by id (RouteGetWorker).
 func (c *Client) GetWorker(ctx context.Context, workerID string) (operatorapi.Worker, error) {
 	return call[operatorapi.Worker](ctx, c, operatorapi.RouteGetWorker, params{"id": workerID}, nil, nil)
@@ -164,6 +195,20 @@ func (c *Client) GetExec(ctx context.Context, execID string, wait time.Duration,
 		q.Set("offset", fmt.Sprint(offset))
 	}
 	return call[operatorapi.Exec](ctx, c, operatorapi.RouteGetExec, params{"exec_id": execID}, q, nil)
+}
+
+// ListExecs lists the namespace's execs, newest first, one worker's with
+// workerID (RouteListExecs); limit 0 is the server's default.
+func (c *Client) ListExecs(ctx context.Context, workerID string, limit int) ([]operatorapi.ExecSummary, error) {
+	q := url.Values{}
+	if workerID != "" {
+		q.Set("worker", workerID)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	out, err := call[operatorapi.ExecList](ctx, c, operatorapi.RouteListExecs, nil, q, nil)
+	return nonNil(out.Execs, err)
 }
 
 // Setup queues a setup script on a worker (RouteSetup).

@@ -357,3 +357,35 @@ func TestNewValidatesURL(t *testing.T) {
 		t.Fatalf("New = %v, %v", c, err)
 	}
 }
+
+func TestListWorkerPageSendsTheFilter(t *testing.T) {
+	f, c := newFakeCP(t)
+	f.handle(operatorapi.RouteListWorkers, 200, operatorapi.WorkerList{Total: 7,
+		Counts: []operatorapi.StateCount{{State: operatorapi.StateStale, Count: 7}}})
+	got, err := c.ListWorkerPage(ctx(t), opclient.WorkerFilter{State: "stale", Queue: "gpu", LabelPrefix: "rig a&b", Limit: 100, Offset: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Workers == nil || got.Total != 7 || len(got.Counts) != 1 || got.Counts[0].Count != 7 {
+		t.Fatalf("page = %+v", got)
+	}
+	if q := f.last(t).query; q != "labelPrefix=rig+a%26b&limit=100&offset=200&queue=gpu&state=stale" {
+		t.Fatalf("query = %s", q)
+	}
+	// A zero filter sends no query: the whole list, as ListWorkers.
+	if _, err := c.ListWorkerPage(ctx(t), opclient.WorkerFilter{}); err != nil || f.last(t).query != "" {
+		t.Fatalf("zero filter: query %q, %v", f.last(t).query, err)
+	}
+}
+
+func TestListExecsSendsTheFilter(t *testing.T) {
+	f, c := newFakeCP(t)
+	f.handle(operatorapi.RouteListExecs, 200, operatorapi.ExecList{Execs: []operatorapi.ExecSummary{{ExecID: "e1", State: "queued"}}})
+	got, err := c.ListExecs(ctx(t), "w1", 5)
+	if err != nil || len(got) != 1 || got[0].ExecID != "e1" {
+		t.Fatalf("ListExecs = %+v, %v", got, err)
+	}
+	if r := f.last(t); r.path != "/v1/namespaces/lab/execs" || r.query != "limit=5&worker=w1" {
+		t.Fatalf("request = %+v", r)
+	}
+}

@@ -11,13 +11,15 @@ const DefaultNamespace = "default"
 // Routes, as net/http method+path patterns. {ns} is the namespace, {id} a
 // worker id, {exec_id} an exec id, {inv_id} an invocation id.
 const (
-	RouteListWorkers  = "GET /v1/namespaces/{ns}/workers"
-	RouteGetWorker    = "GET /v1/namespaces/{ns}/workers/{id}"
-	RouteKillWorker   = "DELETE /v1/namespaces/{ns}/workers/{id}"
-	RouteCleanup      = "POST /v1/namespaces/{ns}/workers/cleanup"
-	RouteWorkerExec   = "POST /v1/namespaces/{ns}/workers/{id}/exec"
-	RouteQueueExec    = "POST /v1/namespaces/{ns}/exec"
-	RouteGetExec      = "GET /v1/namespaces/{ns}/execs/{exec_id}"
+	RouteListWorkers = "GET /v1/namespaces/{ns}/workers"
+	RouteGetWorker   = "GET /v1/namespaces/{ns}/workers/{id}"
+	RouteKillWorker  = "DELETE /v1/namespaces/{ns}/workers/{id}"
+	RouteCleanup     = "POST /v1/namespaces/{ns}/workers/cleanup"
+	RouteWorkerExec  = "POST /v1/namespaces/{ns}/workers/{id}/exec"
+	RouteQueueExec   = "POST /v1/namespaces/{ns}/exec"
+	RouteGetExec     = "GET /v1/namespaces/{ns}/execs/{exec_id}"
+	// RouteListExecs lists execs, newest first (ExecList).
+	RouteListExecs    = "GET /v1/namespaces/{ns}/execs"
 	RouteSetup        = "POST /v1/namespaces/{ns}/workers/{id}/setup"
 	RouteHibernate    = "POST /v1/namespaces/{ns}/workers/{id}/hibernate"
 	RouteWake         = "POST /v1/namespaces/{ns}/workers/{id}/wake"
@@ -108,10 +110,41 @@ type KeyInfo struct {
 	RevokedAt *time.Time `json:"revokedAt,omitempty"`
 }
 
-// WorkerList is the body of RouteListWorkers.
+// WorkerList is the body of RouteListWorkers. Its query parameters
+// (the Worker* names below) filter and page it on the server: state (the
+// derived one, stale included), queue (a queue the worker is a member
+// of), labelPrefix, and limit/offset over the matching workers in label
+// order. Without them every worker is listed.
 type WorkerList struct {
 	Workers []Worker `json:"workers"`
+	// Total is how many workers match the filter, paged or not.
+	Total int `json:"total"`
+	// Counts is how many of the namespace's workers are in each state,
+	// whatever the filter, in the order of States.
+	Counts []StateCount `json:"counts"`
 }
+
+// StateCount is how many workers are in one state.
+type StateCount struct {
+	State string `json:"state"`
+	Count int    `json:"count"`
+}
+
+// States lists every state a worker reads back in, stale included.
+var States = []string{StateActive, StateStale, StateJoining, StateSettingUp, StatePending, StateGone}
+
+// Query parameters of RouteListWorkers.
+const (
+	WorkerQueryState       = "state"
+	WorkerQueryQueue       = "queue"
+	WorkerQueryLabelPrefix = "labelPrefix"
+	WorkerQueryLimit       = "limit"
+	WorkerQueryOffset      = "offset"
+	// MaxWorkerPage is the largest limit; MaxWorkerFilter the longest
+	// queue or label prefix.
+	MaxWorkerPage   = 1000
+	MaxWorkerFilter = 256
+)
 
 // ExecRequest submits a shell command to one worker (RouteWorkerExec) or to
 // any eligible member of Queue (RouteQueueExec). Stdin is raw bytes (base64
@@ -173,6 +206,28 @@ type Exec struct {
 	Offset     int64       `json:"offset"`
 	NextOffset int64       `json:"nextOffset"`
 	Result     *ExecResult `json:"result,omitempty"`
+}
+
+// ExecList is the body of RouteListExecs, newest first. Query
+// parameters: worker (a worker id: only its execs), limit
+// (1..MaxListLimit, default DefaultListLimit).
+type ExecList struct {
+	Execs []ExecSummary `json:"execs"`
+}
+
+// ExecSummary is one exec in a list: where it is and how it ended,
+// without its output.
+type ExecSummary struct {
+	ExecID     string     `json:"execId"`
+	WorkerID   string     `json:"workerId"`
+	Command    string     `json:"command"`
+	State      string     `json:"state"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	StartedAt  *time.Time `json:"startedAt,omitempty"`
+	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	// ExitCode and Error, once finished, are its result's.
+	ExitCode *int32  `json:"exitCode,omitempty"`
+	Error    *string `json:"error,omitempty"`
 }
 
 // SetupRequest queues a setup script on a worker.

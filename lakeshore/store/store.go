@@ -103,6 +103,7 @@ type Store interface {
 	Events
 	Providers
 	Payloads
+	Sessions
 	// Ready reports whether the store answers and its schema has every
 	// migration this binary embeds (an error naming what is wrong if not),
 	// for a readiness probe: cheap, and it writes nothing.
@@ -242,6 +243,18 @@ type Execs interface {
 	// is not hibernating past it (LostStale). It only reads: resolving
 	// them goes through FinishExec, so a real result that comes first wins.
 	LostExecs(ctx context.Context, staleBefore time.Time) ([]LostExec, error)
+	// ListExecs returns a namespace's execs (one worker's, with
+	// f.WorkerID), newest first, at most f.Limit; Result is read, the
+	// streamed output is not.
+	ListExecs(ctx context.Context, f ExecFilter) ([]Exec, error)
+}
+
+// ExecFilter narrows ListExecs.
+type ExecFilter struct {
+	Namespace string
+	// WorkerID "" is every worker's.
+	WorkerID string
+	Limit    int
 }
 
 // Tokens holds minted tokens, by the sha256 of their secret.

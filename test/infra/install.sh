@@ -28,6 +28,7 @@ packages=(
 	iproute2
 	bash-completion # what `lakeshore completion bash` needs (its help says so)
 	shellcheck      # lints the rendered provider bootstrap scripts (lakeshore/providers/bootstrap)
+	chromium        # headless browser the dashboard test drives (test/e2e/dashboard_test.go)
 )
 
 # Prints the packages that are not fully installed, one per line, with a
@@ -117,7 +118,7 @@ if [[ ${#still_missing[@]} -gt 0 ]]; then
 	exit 1
 fi
 for bin in runsc podman runc /usr/sbin/sshd ssh ssh-keygen slurmctld slurmd srun sinfo munged \
-	/usr/lib/postgresql/15/bin/initdb /usr/lib/postgresql/15/bin/pg_ctl busybox rsync python3; do
+	/usr/lib/postgresql/15/bin/initdb /usr/lib/postgresql/15/bin/pg_ctl busybox rsync python3 chromium; do
 	if ! command -v "$bin" >/dev/null 2>&1; then
 		echo "install.sh: $bin not found after install" >&2
 		exit 1

@@ -84,6 +84,8 @@ func Run(t *testing.T, b Backend) {
 		{"ProvidersCRUD", testProvidersCRUD},
 		{"LaunchedWorkerIsAdoptedByItsHello", testLaunchedWorkerIsAdoptedByItsHello},
 		{"PayloadRetention", testPayloadRetention},
+		{"SessionsExpireAndEnd", testSessionsExpireAndEnd},
+		{"ListExecsNewestFirst", testListExecsNewestFirst},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
