@@ -103,6 +103,7 @@ type Store interface {
 	Events
 	Providers
 	Payloads
+	Counts
 	// Ready reports whether the store answers and its schema has every
 	// migration this binary embeds (an error naming what is wrong if not),
 	// for a readiness probe: cheap, and it writes nothing.
