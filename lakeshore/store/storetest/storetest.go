@@ -84,6 +84,7 @@ func Run(t *testing.T, b Backend) {
 		{"ProvidersCRUD", testProvidersCRUD},
 		{"LaunchedWorkerIsAdoptedByItsHello", testLaunchedWorkerIsAdoptedByItsHello},
 		{"PayloadRetention", testPayloadRetention},
+		{"Counts", testCounts},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
