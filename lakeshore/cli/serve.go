@@ -271,10 +271,7 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		Logger:      logger,
 		StaleAfter:  o.staleAfter,
 		LostAfter:   lostAfter,
-		// The metrics listener is bound in New, which fails naming
-		// --metrics-addr when it cannot be.
 		MetricsToken: o.metricsToken,
-		MetricsAddr:  o.metricsAddr,
 		OpenProvider: func(ctx context.Context, spec providers.Spec, dir string) (providers.Launcher, error) {
 			return providers.Open(ctx, spec, dir, logger)
 		},
@@ -292,6 +289,14 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		return fmt.Errorf("listen on %s: %w", o.addr, err)
 	}
 	defer ln.Close()
+	if o.metricsAddr != "" {
+		mln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr %s: cannot listen there (a HOST:PORT that is free on this machine): %w", o.metricsAddr, err)
+		}
+		defer mln.Close()
+		cfg.MetricsListener = mln
+	}
 	if err := o.blobs.apply(ctx, &cfg); err != nil {
 		return err
 	}

@@ -23,8 +23,10 @@ import (
 	"nymph/buildinfo"
 	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
+	"nymph/lakeshore/store/postgres"
 	"nymph/lakeshore/store/sqlite"
 	"nymph/messages"
+	"nymph/test/realparts"
 )
 
 const testMetricsToken = "metrics-secret"
@@ -495,4 +497,44 @@ type workerCountingStore struct {
 func (c *workerCountingStore) CountWorkers(ctx context.Context, staleBefore time.Time) ([]store.WorkerCount, error) {
 	c.counts.Add(1)
 	return c.Store.CountWorkers(ctx, staleBefore)
+}
+
+// Two replicas on one PostgreSQL: the one whose parked poll another
+// replica's exec wakes counts the notification's lag; a replica whose
+// notifier says no send time (the in-process bus) exports none.
+func TestMetricsReplicaNotificationLag(t *testing.T) {
+	pg := realparts.StartPostgres(t)
+	replica := func() *env {
+		db, err := postgres.Open(context.Background(), pg.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return newEnv(t, withMetricsToken, func(c *Config) { c.Store, c.Notifier = db, db.Notifier() })
+	}
+	a, b := replica(), replica()
+	before := a.scrape()
+	if before["lakeshore_replica_notification_lag_seconds"] == nil {
+		t.Fatal("a replica does not export the notification lag")
+	}
+	n0, _ := before.hist("lakeshore_replica_notification_lag_seconds", nil)
+
+	id, cur := a.hello("m", "l")
+	polled := make(chan messages.PollResponse, 1)
+	go func() { polled <- a.poll(id, &cur, 15, "") }()
+	a.waitParked(workerKey(id))
+	b.exec(id, operatorapi.ExecRequest{Command: "true"})
+	if p := <-polled; len(p.Commands) != 1 {
+		t.Fatalf("the poll parked on A got %v", commandsOf(p))
+	}
+	// The worker's key reached A before its poll was answered.
+	n, sum := a.scrape().hist("lakeshore_replica_notification_lag_seconds", nil)
+	if n <= n0 || sum < 0 {
+		t.Fatalf("lag observations %d (before %d), sum %v", n, n0, sum)
+	}
+
+	var bus bus
+	lone := newEnv(t, withMetricsToken, func(c *Config) { c.Notifier = bus.member(0) })
+	if f := lone.scrape()["lakeshore_replica_notification_lag_seconds"]; f != nil {
+		t.Fatalf("a notifier without send times exports lag: %v", f)
+	}
 }

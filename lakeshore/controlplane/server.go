@@ -124,6 +124,10 @@ type Config struct {
 	// fails to start without) and Serve serves GET /metrics on,
 	// unauthenticated: for a scraper on a network the operator trusts.
 	MetricsAddr string
+	// MetricsListener, instead of MetricsAddr, is that listener bound by
+	// the caller (serve binds it before it opens anything); Close closes
+	// it.
+	MetricsListener net.Listener
 	// OpenProvider opens the launcher of a registered provider; nil
 	// leaves the control plane unable to launch (the provider routes say
 	// so). Its launchers keep their files under DataDir/providers.
@@ -316,8 +320,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if o, ok := s.st.(opObservable); ok {
 		o.ObserveOps(s.metrics.observeOp)
 	}
-	if s.metricsLn, err = listenMetrics(cfg.MetricsAddr); err != nil {
-		return nil, fmt.Errorf("controlplane: %w", err)
+	if s.metricsLn = cfg.MetricsListener; s.metricsLn == nil {
+		if s.metricsLn, err = listenMetrics(cfg.MetricsAddr); err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
 	}
 	s.handler = s.middleware(s.routes())
 	// Before the sweeper, whose first broadcast may come at once.
