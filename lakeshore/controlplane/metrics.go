@@ -239,11 +239,13 @@ type sentListener interface {
 // time, from one grouped query each, kept metricsCacheTTL.
 type fleetCollector struct {
 	s       *Server
-	ttl     time.Duration
 	daemons *prometheus.Desc
 	queued  *prometheus.Desc
 
+	// mu guards what follows: one scrape reads the store at a time, and
+	// those that wait serve what it read.
 	mu    sync.Mutex
+	ttl   time.Duration
 	at    time.Time // when the counts were read (the zero time: never)
 	byKey map[string]float64
 	queue []store.QueuedCount
@@ -265,6 +267,13 @@ func newFleetCollector(s *Server) *fleetCollector {
 			"Commands not yet delivered, by kind and the queue their daemon polls; kind invocation: invocations waiting for a daemon, by their queue.",
 			[]string{"kind", "queue"}, nil),
 	}
+}
+
+// setTTL changes how long the counts are kept (tests).
+func (f *fleetCollector) setTTL(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ttl = d
 }
 
 func (f *fleetCollector) Describe(ch chan<- *prometheus.Desc) {

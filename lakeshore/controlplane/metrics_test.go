@@ -118,7 +118,7 @@ func l(kv ...string) map[string]string {
 // happened, and the fleet gauges say what the operator API says.
 func TestMetricsCountWhatHappens(t *testing.T) {
 	e := newEnv(t, withMetricsToken)
-	e.srv.metrics.fleet.ttl = 0 // every scrape reads the store
+	e.srv.metrics.fleet.setTTL(0) // every scrape reads the store
 	before := e.scrape()
 
 	if got := before.value("lakeshore_build_info", l("version", buildinfo.Version, "go_version", runtime.Version())); got != 1 {
@@ -312,7 +312,7 @@ func TestMetricsFleetCountsAreCached(t *testing.T) {
 	if n := st.counts.Load(); n != 1 {
 		t.Fatalf("two scrapes within the TTL counted the workers %d times", n)
 	}
-	e.srv.metrics.fleet.ttl = 0
+	e.srv.metrics.fleet.setTTL(0)
 	if got := e.scrape().value("lakeshore_daemons", l("state", operatorapi.StateStale)); got != 1 {
 		t.Fatalf("once the TTL is over: stale %v, want 1", got)
 	}
