@@ -35,10 +35,15 @@ const (
 	EnvPublicURL = "LAKESHORE_PUBLIC_URL"
 	EnvDataDir   = "LAKESHORE_DATA"
 	EnvStore     = "LAKESHORE_STORE"
+	// EnvMetricsToken and EnvMetricsAddr are --metrics-token's and
+	// --metrics-addr's.
+	EnvMetricsToken = "LAKESHORE_METRICS_TOKEN"
+	EnvMetricsAddr  = "LAKESHORE_METRICS_ADDR"
 )
 
 type serveOpts struct {
 	addr, dataDir, publicURL, daemonToken string
+	metricsToken, metricsAddr             string
 	store                                 string
 	logLevel, logFormat                   string
 	noCredentials                         bool
@@ -151,6 +156,12 @@ when changed here and, on replicas, as soon as the change's notification
 arrives. Memory grows with the daemons connected (tens of KB each); the Go
 runtime's $GOMEMLIMIT (e.g. GOMEMLIMIT=350MiB) makes the collector work
 harder near that limit instead of growing past it.
+Prometheus metrics (README.md, "Metrics", lists them) are served at
+GET /metrics, the operator's choice: on this listener to the bearer
+--metrics-token ($LAKESHORE_METRICS_TOKEN) or the admin token, and/or
+unauthenticated on a listener of their own, --metrics-addr HOST:PORT
+($LAKESHORE_METRICS_ADDR), which serve refuses to start without. With
+neither, /metrics answers 404 saying so.
 SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 		Example: `  lakeshore serve
   lakeshore serve --addr 0.0.0.0:7700 --data /var/lib/lakeshore --public-url https://cp.example.internal:7700
@@ -158,6 +169,7 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
   lakeshore serve --addr 0.0.0.0:7700 --tls-cert cp.pem --tls-key cp-key.pem --require-daemon-signatures
   lakeshore serve --lost-after 30m     # a flaky network: give silent daemons longer before failing their jobs
   lakeshore serve --max-conns-per-ip 4096 --upload-timeout 3h   # a big fleet behind one NAT, slow uplinks
+  lakeshore serve --metrics-addr 10.0.0.5:9770     # Prometheus scrapes http://10.0.0.5:9770/metrics, no token
   LAKESHORE_ADMIN_TOKEN=$(cat admin-token) lakeshore serve --store postgres://lakeshore@db.internal/lakeshore
   LAKESHORE_ADMIN_TOKEN=$(cat admin-token) lakeshore serve --store postgres://lakeshore@db.internal/lakeshore \
       --blobs s3://fleet-blobs/lakeshore --blobs-region eu-west-1     # a replica: state and blobs shared
@@ -174,6 +186,8 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 	fs.StringVar(&o.store, "store", a.env.Getenv(EnvStore), "where state lives: sqlite (the file in --data, the default) or a postgres:// URL shared by replicas (env "+EnvStore+")")
 	fs.StringVar(&o.publicURL, "public-url", a.env.Getenv(EnvPublicURL), "URL daemons use to reach this control plane (env "+EnvPublicURL+")")
 	fs.StringVar(&o.daemonToken, "daemon-token", "", "shared bootstrap token daemons may present (env "+EnvDaemonToken+")")
+	fs.StringVar(&o.metricsToken, "metrics-token", "", "bearer that GET /metrics on the main listener accepts, beside the admin token (env "+EnvMetricsToken+"; unset: /metrics there is 404)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", a.env.Getenv(EnvMetricsAddr), "HOST:PORT of a separate listener serving only GET /metrics, unauthenticated (env "+EnvMetricsAddr+")")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log-format", "auto", "log format: json, console, or auto (console on a terminal)")
 	fs.BoolVar(&o.noCredentials, "no-credentials", false, "do not write the credentials file")
@@ -231,6 +245,9 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if o.daemonToken == "" {
 		o.daemonToken = a.env.Getenv(EnvDaemonToken)
 	}
+	if o.metricsToken == "" {
+		o.metricsToken = a.env.Getenv(EnvMetricsToken)
+	}
 	if err := o.identity.resolve(a.env.Getenv); err != nil {
 		return err
 	}
@@ -254,6 +271,7 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		Logger:      logger,
 		StaleAfter:  o.staleAfter,
 		LostAfter:   lostAfter,
+		MetricsToken: o.metricsToken,
 		OpenProvider: func(ctx context.Context, spec providers.Spec, dir string) (providers.Launcher, error) {
 			return providers.Open(ctx, spec, dir, logger)
 		},
@@ -271,6 +289,14 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		return fmt.Errorf("listen on %s: %w", o.addr, err)
 	}
 	defer ln.Close()
+	if o.metricsAddr != "" {
+		mln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr %s: cannot listen there (a HOST:PORT that is free on this machine): %w", o.metricsAddr, err)
+		}
+		defer mln.Close()
+		cfg.MetricsListener = mln
+	}
 	if err := o.blobs.apply(ctx, &cfg); err != nil {
 		return err
 	}

@@ -247,6 +247,56 @@ func TestServeRefusesABusyAddress(t *testing.T) {
 	}
 }
 
+// A --metrics-addr that cannot be bound stops serve, naming the flag,
+// before it opens a store.
+func TestServeRefusesABadMetricsAddr(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, addr := range []string{ln.Addr().String(), "not-a-host-port"} {
+		dir := t.TempDir()
+		env := map[string]string{cli.EnvCredentials: filepath.Join(dir, "c.json"), "HOME": dir}
+		r := runCLI(t, runOpts{}, env, "serve", "--addr", "127.0.0.1:0", "--metrics-addr", addr, "--data", filepath.Join(dir, "data"))
+		if r.code == 0 || !strings.Contains(r.stderr, "--metrics-addr "+addr+": cannot listen there") {
+			t.Errorf("serve --metrics-addr %s: %+v", addr, r)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "data", "lakeshore.db")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the store was opened before the refusal (%v)", err)
+		}
+	}
+}
+
+// $LAKESHORE_METRICS_TOKEN serves /metrics on the main listener to that
+// bearer alone (the admin token too).
+func TestServeMetricsToken(t *testing.T) {
+	dir := t.TempDir()
+	creds := filepath.Join(dir, "credentials.json")
+	env := map[string]string{cli.EnvCredentials: creds, cli.EnvMetricsToken: "scrape-me", "HOME": dir}
+	_, stop := startServe(t, env, "--data", filepath.Join(dir, "data"))
+	defer stop()
+	c, err := cli.ReadCredentials(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for tok, want := range map[string]int{"scrape-me": http.StatusOK, c.AdminToken: http.StatusOK, "": http.StatusUnauthorized, "nope": http.StatusUnauthorized} {
+		req, _ := http.NewRequest(http.MethodGet, c.URL+"/metrics", nil)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || want == http.StatusOK && !strings.Contains(string(body), "lakeshore_build_info{") {
+			t.Errorf("bearer %q: %d %.200q, want %d", tok, resp.StatusCode, body, want)
+		}
+	}
+}
+
 // expectServeUsageError runs serve with args and wants a usage error
 // saying each of want, with no store opened before it.
 func expectServeUsageError(t *testing.T, dir string, env map[string]string, args, want []string) {

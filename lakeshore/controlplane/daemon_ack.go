@@ -69,6 +69,7 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request, p daemonPrinc
 	}
 	if applied {
 		s.wake.broadcast(invocationKey(inv.ID))
+		s.metrics.observeInvocation(inv)
 		// A finished run frees a slot: a parked poll of its worker may now
 		// claim more.
 		s.due(inv.WorkerID, true)

@@ -92,6 +92,7 @@ func (s *Server) handleExecResult(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.wake.broadcast(execKey(id))
+	s.metrics.observeExec(res)
 	s.log.Info().Str("exec_id", id).Int32("exit_code", res.ExitCode).Uint64("duration_ms", res.DurationMs).Msg("exec finished")
 	// duplicate stays in the answer for the clients that read it: a
 	// repeat is a 409 now.

@@ -155,6 +155,8 @@ type pollState struct {
 	err  error
 	// deliveredGen is the generation the take that found cmds began at.
 	deliveredGen uint64
+	// takenAt is the time that take marked them delivered at.
+	takenAt time.Time
 }
 
 // logger is the poll's logger, with its worker.
@@ -256,8 +258,8 @@ func (s *Server) lookDue(ctx context.Context, ps *pollState, first bool) bool {
 		take = take || n > 0
 	}
 	if take {
-		ps.deliveredGen = g
-		ps.cmds, ps.err = s.st.Take(ctx, ps.view.id, ps.after, pollBatch, ps.legacy, s.now())
+		ps.deliveredGen, ps.takenAt = g, s.now()
+		ps.cmds, ps.err = s.st.Take(ctx, ps.view.id, ps.after, pollBatch, ps.legacy, ps.takenAt)
 		if ps.err != nil || len(ps.cmds) > 0 {
 			return true
 		}
@@ -293,6 +295,7 @@ func (s *Server) endPoll(ctx context.Context, w http.ResponseWriter, ps *pollSta
 	}
 	if len(ps.cmds) > 0 {
 		s.presence.delivered(ps.view.id, ps.deliveredGen, ps.cmds, ps.legacy)
+		s.metrics.observeDelivered(ps.cmds, ps.takenAt, s.now())
 	}
 	s.writePollResponse(ctx, w, ps.view, ps.after, ps.cmds, ps.legacy, *ps.logger())
 }

@@ -530,6 +530,7 @@ func (s *Server) handleCancelInvocation(w http.ResponseWriter, r *http.Request) 
 	}
 	if cancelled {
 		s.wake.broadcast(invocationKey(id))
+		s.metrics.observeInvocation(inv)
 		s.log.Info().Str("invocation_id", id).Msg("invocation cancelled before dispatch")
 		writeJSON(w, http.StatusOK, operatorapi.CancelInvocationResponse{Invocation: invocationView(inv, true), Cancelled: true})
 		return

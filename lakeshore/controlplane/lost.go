@@ -98,7 +98,7 @@ func (s *Server) lostMessage(reason, workerID, label, job string) string {
 func (s *Server) failLost(ctx context.Context, l store.LostInvocation) {
 	msg := s.lostMessage(l.Reason, l.WorkerID, l.WorkerLabel, "invocation")
 	errJSON, _ := json.Marshal(messages.AckError{Type: operatorapi.ErrorTypeWorkerLost, Message: msg})
-	_, applied, err := s.st.FinishInvocation(ctx, store.Finish{
+	inv, applied, err := s.st.FinishInvocation(ctx, store.Finish{
 		ID: l.ID, State: operatorapi.InvocationFailed, From: []string{operatorapi.InvocationRunning}, WorkerID: l.WorkerID,
 		Error: errJSON, Now: s.now(),
 	})
@@ -110,6 +110,7 @@ func (s *Server) failLost(ctx context.Context, l store.LostInvocation) {
 	}
 	if applied {
 		s.wake.broadcast(invocationKey(l.ID))
+		s.metrics.observeInvocation(inv)
 		s.log.Warn().Str("invocation_id", l.ID).Str("worker_id", l.WorkerID).Str("reason", l.Reason).Msg(msg)
 	}
 }
@@ -132,6 +133,7 @@ func (s *Server) failLostExec(ctx context.Context, l store.LostExec) {
 	}
 	if applied {
 		s.wake.broadcast(execKey(l.ID))
+		s.metrics.execOutcomes.WithLabelValues(execLost).Inc()
 		s.log.Warn().Str("exec_id", l.ID).Str("worker_id", l.WorkerID).Str("reason", l.Reason).Str("was", l.State).Msg(msg)
 	}
 }

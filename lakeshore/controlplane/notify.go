@@ -92,7 +92,15 @@ func (s *Server) startNotifier(n Notifier) (stop func()) {
 		retry := backoff.New(listenRetryMin, listenRetryMax)
 		for {
 			began := time.Now()
-			err := n.Listen(ctx, s.delivered)
+			var err error
+			if sl, ok := n.(sentListener); ok {
+				err = sl.ListenSent(ctx, func(key string, sent time.Time) {
+					s.metrics.observeLag(sent)
+					s.delivered(key)
+				})
+			} else {
+				err = n.Listen(ctx, s.delivered)
+			}
 			// Not listening: what the others change goes unheard.
 			s.caches.setLive(false)
 			if ctx.Err() != nil {

@@ -90,6 +90,9 @@ func (s *Server) routes() *http.ServeMux {
 		// Probes, unauthenticated; they read no body and write nothing.
 		{"GET /healthz", s.handleHealthz},
 		{"GET /readyz", s.handleReadyz},
+		// Prometheus metrics: behind the metrics token, or a 404 saying
+		// how to serve them (metrics.go).
+		{"GET /metrics", s.handleMetrics},
 	} {
 		mux.HandleFunc(r.pattern, r.handler)
 	}

@@ -120,6 +120,18 @@ type Config struct {
 	// DashboardRefresh is how often a live dashboard page re-reads the
 	// fleet; zero means dashboard.DefaultRefresh.
 	DashboardRefresh time.Duration
+	// MetricsToken, when set, serves GET /metrics on the main listener to
+	// that bearer (or the admin token); unset, /metrics there is a 404
+	// saying how to serve it (metrics.go).
+	MetricsToken string
+	// MetricsAddr, when set, is a listener of its own that New binds (and
+	// fails to start without) and Serve serves GET /metrics on,
+	// unauthenticated: for a scraper on a network the operator trusts.
+	MetricsAddr string
+	// MetricsListener, instead of MetricsAddr, is that listener bound by
+	// the caller (serve binds it before it opens anything); Close closes
+	// it.
+	MetricsListener net.Listener
 	// OpenProvider opens the launcher of a registered provider; nil
 	// leaves the control plane unable to launch (the provider routes say
 	// so). Its launchers keep their files under DataDir/providers.
@@ -158,6 +170,11 @@ type Server struct {
 	tls               *tls.Config
 	limits            Limits
 	maxConnsPerIP     int
+	metrics           *metrics
+	metricsHTTP       http.Handler
+	metricsToken      string
+	metricsLn         net.Listener
+	metricsOnce       sync.Once
 
 	// Tests shorten these; the protocol fixes them at 20 s.
 	pollCap time.Duration
@@ -314,6 +331,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	dash.Mount(mux)
 	s.handler = s.middleware(mux)
+	s.metrics = newMetrics(s, cfg.Notifier != nil && isSentListener(cfg.Notifier))
+	s.metricsHTTP, s.metricsToken = s.metricsHandler(), cfg.MetricsToken
+	if o, ok := s.st.(opObservable); ok {
+		o.ObserveOps(s.metrics.observeOp)
+	}
+	if s.metricsLn = cfg.MetricsListener; s.metricsLn == nil {
+		if s.metricsLn, err = listenMetrics(cfg.MetricsAddr); err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
+	}
+	s.handler = s.middleware(s.routes())
 	// Before the sweeper, whose first broadcast may come at once.
 	if cfg.Notifier != nil {
 		s.stopNotifier = s.startNotifier(cfg.Notifier)
@@ -367,6 +395,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		cfg.NextProtos = []string{"h2", "http/1.1"}
 		srv.TLSConfig = cfg
 		ln = tls.NewListener(ln, cfg)
+	}
+	if s.metricsLn != nil {
+		s.metricsOnce.Do(func() { go s.serveMetrics(ctx) })
 	}
 	lot := s.parkOn(srv, ln)
 	defer lot.Close()
@@ -440,6 +471,10 @@ func (s *Server) Close() error {
 		s.flushPresence(context.Background(), s.log)
 		if s.stopNotifier != nil {
 			s.stopNotifier()
+		}
+		if s.metricsLn != nil {
+			// Closed already if Serve served it.
+			_ = s.metricsLn.Close()
 		}
 		s.closeErr = s.st.Close()
 	})
@@ -540,6 +575,8 @@ func (s *Server) logRequest(method, route string, status int, start time.Time) {
 	if status >= 500 {
 		ev = s.log.Warn()
 	}
+	took := time.Since(start)
+	s.metrics.observeRequest(route, status, took)
 	ev.Str("method", method).Str("route", route).Int("status", status).
-		Dur("took", time.Since(start)).Msg("request")
+		Dur("took", took).Msg("request")
 }

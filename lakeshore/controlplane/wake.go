@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"strings"
 	"sync"
 	"time"
 )
@@ -90,7 +91,10 @@ func (h *hub) size() int {
 	return len(h.m)
 }
 
-func workerKey(id string) string { return "w:" + id }
+// workerKeyPrefix starts a worker's key: what its long-polls park on.
+const workerKeyPrefix = "w:"
+
+func workerKey(id string) string { return workerKeyPrefix + id }
 
 func execKey(id string) string { return "e:" + id }
 
@@ -108,6 +112,10 @@ const (
 // its request's context, or the socket of a parked poll stirring.
 func (s *Server) park(key string, woken <-chan struct{}, release func(), timeout <-chan time.Time, gone <-chan struct{}) parkEnd {
 	defer release()
+	if strings.HasPrefix(key, workerKeyPrefix) {
+		s.metrics.pollsHeld.Inc()
+		defer s.metrics.pollsHeld.Dec()
+	}
 	if s.parked != nil {
 		s.parked(key)
 	}

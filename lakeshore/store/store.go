@@ -104,6 +104,7 @@ type Store interface {
 	Providers
 	Payloads
 	Sessions
+	Counts
 	// Ready reports whether the store answers and its schema has every
 	// migration this binary embeds (an error naming what is wrong if not),
 	// for a readiness probe: cheap, and it writes nothing.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -123,7 +124,7 @@ func (n *Notifier) notify(keys []string) error {
 		return err
 	}
 	_, err = conn.Exec(ctx, `SELECT pg_notify($1, $2 || k.key) FROM unnest($3::text[]) WITH ORDINALITY AS k(key, i) ORDER BY k.i`,
-		wakeChannel, n.origin+" ", keys)
+		wakeChannel, n.origin+sentMark+strconv.FormatInt(time.Now().UnixMicro(), 10)+" ", keys)
 	if err != nil {
 		// Whatever state the connection is in, the next batch starts
 		// on a fresh one.
@@ -184,11 +185,26 @@ func (n *Notifier) close() {
 	}
 }
 
+// A payload is "ORIGIN KEY". Since the send time was added it is
+// "ORIGIN@MICROS KEY", MICROS the publisher's clock in unix microseconds
+// when the statement went out: a listener of before reads "ORIGIN@MICROS"
+// as an origin that is never its own, which it is not, and delivers the
+// key as ever; a listener of now reads a payload of before as one without
+// a send time.
+const sentMark = "@"
+
 // Listen calls deliver with each key another replica publishes, until ctx is
 // done (it then returns ctx's error) or the connection fails. Once it is
 // listening it calls deliver("") first: a key published while nobody was
 // listening is lost, so everything must be taken to have changed.
 func (n *Notifier) Listen(ctx context.Context, deliver func(key string)) error {
+	return n.ListenSent(ctx, func(key string, _ time.Time) { deliver(key) })
+}
+
+// ListenSent is Listen, telling deliver also when the key was sent, by the
+// publisher's clock (zero for a publisher that does not say, and for the
+// first ""), so the listener can tell how late notifications arrive.
+func (n *Notifier) ListenSent(ctx context.Context, deliver func(key string, sent time.Time)) error {
 	cfg := n.db.pool.Config().ConnConfig.Copy()
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -202,7 +218,7 @@ func (n *Notifier) Listen(ctx context.Context, deliver func(key string)) error {
 	if _, err := conn.Exec(ctx, `LISTEN `+wakeChannel); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	deliver("")
+	deliver("", time.Time{})
 	for {
 		msg, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -212,9 +228,16 @@ func (n *Notifier) Listen(ctx context.Context, deliver func(key string)) error {
 			return fmt.Errorf("listen: %w", err)
 		}
 		origin, key, ok := strings.Cut(msg.Payload, " ")
+		var sent time.Time
+		if o, micros, timed := strings.Cut(origin, sentMark); timed {
+			origin = o
+			if us, err := strconv.ParseInt(micros, 10, 64); err == nil {
+				sent = time.UnixMicro(us)
+			}
+		}
 		if !ok || origin == n.origin {
 			continue
 		}
-		deliver(key)
+		deliver(key, sent)
 	}
 }

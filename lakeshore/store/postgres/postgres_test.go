@@ -327,6 +327,56 @@ func TestPostgres(t *testing.T) {
 		}
 	})
 
+	// A notification says when it was sent, in a payload a listener of
+	// before reads as ever; a payload of before (no send time) still
+	// delivers its key, with no time.
+	t.Run("NotificationsCarryTheirSendTime", func(t *testing.T) {
+		dsn := srv.newDatabase(t)
+		a, b := open(t, dsn), open(t, dsn)
+		na, nb := a.Notifier(), b.Notifier()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		type delivery struct {
+			key  string
+			sent time.Time
+		}
+		got := make(chan delivery, 16)
+		go func() { _ = na.ListenSent(ctx, func(key string, sent time.Time) { got <- delivery{key, sent} }) }()
+		next := func() delivery {
+			t.Helper()
+			select {
+			case d := <-got:
+				return d
+			case <-time.After(10 * time.Second):
+				t.Fatal("no wake-up within 10 s")
+			}
+			return delivery{}
+		}
+		if d := next(); d.key != "" || !d.sent.IsZero() {
+			t.Fatalf("first delivery %+v, want the empty key and no time", d)
+		}
+		before := time.Now()
+		if err := nb.Publish(ctx, "w:timed"); err != nil {
+			t.Fatal(err)
+		}
+		d := next()
+		if d.key != "w:timed" || d.sent.Before(before.Truncate(time.Microsecond)) || d.sent.After(time.Now()) {
+			t.Fatalf("got %+v, want w:timed sent after %v", d, before)
+		}
+		// What a publisher of before sends: "ORIGIN KEY".
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, `SELECT pg_notify('lakeshore_wake', 'an-old-replica w:untimed')`); err != nil {
+			t.Fatal(err)
+		}
+		if d := next(); d.key != "w:untimed" || !d.sent.IsZero() {
+			t.Fatalf("a payload of before delivered %+v", d)
+		}
+	})
+
 	// Publishes that overlap go out together (one statement on the
 	// Notifier's own connection): every key still arrives, and the
 	// pool lends no connection to them.

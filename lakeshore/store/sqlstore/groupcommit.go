@@ -117,7 +117,7 @@ func (g *groupCommit) shared(live []*groupWrite) error {
 		if _, err := c.Exec(context.Background(), `SAVEPOINT groupwrite`); err != nil {
 			return broken(fmt.Errorf("savepoint: %w", err))
 		}
-		err := w.fn(querier{c: c, d: db.d, tctx: context.WithoutCancel(w.ctx)})
+		err := w.fn(querier{c: c, d: db.d, tctx: context.WithoutCancel(w.ctx), hook: db.hook})
 		if err == nil {
 			err = w.ctx.Err()
 		}

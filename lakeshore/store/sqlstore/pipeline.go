@@ -56,7 +56,12 @@ func (q querier) execAll(ctx context.Context, stmts ...Stmt) error {
 	if p, ok := q.c.(Pipeliner); ok {
 		sctx, cancel := q.statementContext(ctx)
 		defer cancel()
-		return p.ExecAll(sctx, q.rebindAll(stmts))
+		done := q.hook.begin(pipelineOp)
+		err := p.ExecAll(sctx, q.rebindAll(stmts))
+		if done != nil {
+			done(err != nil)
+		}
+		return err
 	}
 	return q.oneByOne(ctx, stmts)
 }

@@ -140,6 +140,8 @@ type DB struct {
 	ws, rs *stmtCache
 	// group shares write transactions; nil unless the dialect asks.
 	group *groupCommit
+	// hook observes statements (ObserveOps).
+	hook *opHook
 }
 
 var _ store.Store = (*DB)(nil)
@@ -147,7 +149,7 @@ var _ store.Store = (*DB)(nil)
 // New returns the store writing through w and reading through r (which may
 // be w). The store owns both: Close closes them.
 func New(w, r *sql.DB, d Dialect) *DB {
-	db := &DB{w: w, r: r, d: &d}
+	db := &DB{w: w, r: r, d: &d, hook: &opHook{}}
 	if d.GroupCommit {
 		db.group = newGroupCommit(db)
 	}
@@ -216,7 +218,7 @@ func (db *DB) tryTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	defer cancel()
 	if db.d.RunTx != nil {
 		return db.d.RunTx(tctx, opts, func(tx Tx) error {
-			if err := fn(querier{c: tx, d: db.d, tctx: tctx}); err != nil {
+			if err := fn(querier{c: tx, d: db.d, tctx: tctx, hook: db.hook}); err != nil {
 				return err
 			}
 			return ctx.Err()
@@ -232,7 +234,7 @@ func (db *DB) tryTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 		st = &txStmts{tx: tx, cache: cache}
 		c = st
 	}
-	err = fn(querier{c: c, d: db.d, tctx: tctx})
+	err = fn(querier{c: c, d: db.d, tctx: tctx, hook: db.hook})
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -258,9 +260,9 @@ func (db *DB) cacheOf(pool *sql.DB) *stmtCache {
 	return db.rs
 }
 
-func (db *DB) reader() querier { return querier{c: db.onPool(db.r), d: db.d} }
+func (db *DB) reader() querier { return querier{c: db.onPool(db.r), d: db.d, hook: db.hook} }
 
-func (db *DB) writer() querier { return querier{c: db.onPool(db.w), d: db.d} }
+func (db *DB) writer() querier { return querier{c: db.onPool(db.w), d: db.d, hook: db.hook} }
 
 // onPool runs statements straight on pool, prepared where the dialect
 // prepares them, or on the dialect's own pool.
@@ -325,6 +327,8 @@ type querier struct {
 	// by the dialect: its statements run on it rather than on a context
 	// (and a timer) of their own. Nil outside a transaction.
 	tctx context.Context
+	// hook observes each statement; nil observes none.
+	hook *opHook
 }
 
 // statementContext is the context a statement runs on.
@@ -342,7 +346,12 @@ func (q querier) Exec(ctx context.Context, query string, args ...any) (int64, er
 	}
 	sctx, cancel := q.statementContext(ctx)
 	defer cancel()
-	return q.c.Exec(sctx, q.d.rebind(query), args...)
+	done := q.hook.begin(query)
+	n, err := q.c.Exec(sctx, q.d.rebind(query), args...)
+	if done != nil {
+		done(err != nil)
+	}
+	return n, err
 }
 
 // affected runs a statement and returns how many rows it changed.
@@ -355,12 +364,16 @@ func (q querier) Query(ctx context.Context, query string, args ...any) (*rows, e
 		return nil, err
 	}
 	sctx, cancel := q.statementContext(ctx)
+	done := q.hook.begin(query)
 	rs, err := q.c.Query(sctx, q.d.rebind(query), args...)
 	if err != nil {
 		cancel()
+		if done != nil {
+			done(true)
+		}
 		return nil, err
 	}
-	return &rows{Rows: rs, cancel: cancel}, nil
+	return &rows{Rows: rs, cancel: cancel, done: done}, nil
 }
 
 // QueryRow runs a query for its first row, as database/sql's QueryRow:
@@ -377,11 +390,17 @@ func (q querier) QueryRow(ctx context.Context, query string, args ...any) rowSca
 type rows struct {
 	Rows
 	cancel context.CancelFunc
+	// done, when set, observes the query at its first Close.
+	done func(failed bool)
 }
 
 func (r *rows) Close() error {
 	err := r.Rows.Close()
 	r.cancel()
+	if r.done != nil {
+		r.done(err != nil || r.Rows.Err() != nil)
+		r.done = nil
+	}
 	return err
 }
 

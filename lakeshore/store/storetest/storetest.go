@@ -86,6 +86,7 @@ func Run(t *testing.T, b Backend) {
 		{"PayloadRetention", testPayloadRetention},
 		{"SessionsExpireAndEnd", testSessionsExpireAndEnd},
 		{"ListExecsNewestFirst", testListExecsNewestFirst},
+		{"Counts", testCounts},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
