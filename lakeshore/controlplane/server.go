@@ -319,6 +319,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if s.payloads, err = openPayloads(cfg, payloadURLKey(s.adminToken), s.now); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
+	s.metrics = newMetrics(s, cfg.Notifier != nil && isSentListener(cfg.Notifier))
+	s.metricsHTTP, s.metricsToken = s.metricsHandler(), cfg.MetricsToken
+	if o, ok := s.st.(opObservable); ok {
+		o.ObserveOps(s.metrics.observeOp)
+	}
 	mux := s.routes()
 	// The dashboard drives the operator API through mux itself, and its
 	// pages are mounted beside it.
@@ -330,18 +335,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
 	dash.Mount(mux)
-	s.handler = s.middleware(mux)
-	s.metrics = newMetrics(s, cfg.Notifier != nil && isSentListener(cfg.Notifier))
-	s.metricsHTTP, s.metricsToken = s.metricsHandler(), cfg.MetricsToken
-	if o, ok := s.st.(opObservable); ok {
-		o.ObserveOps(s.metrics.observeOp)
-	}
 	if s.metricsLn = cfg.MetricsListener; s.metricsLn == nil {
 		if s.metricsLn, err = listenMetrics(cfg.MetricsAddr); err != nil {
 			return nil, fmt.Errorf("controlplane: %w", err)
 		}
 	}
-	s.handler = s.middleware(s.routes())
+	s.handler = s.middleware(mux)
 	// Before the sweeper, whose first broadcast may come at once.
 	if cfg.Notifier != nil {
 		s.stopNotifier = s.startNotifier(cfg.Notifier)
