@@ -437,3 +437,50 @@ func TestKeysAreCaseSensitive(t *testing.T) {
 		t.Fatalf("url and URL in one table: %v, want an error naming both", err)
 	}
 }
+
+func TestMetricsSection(t *testing.T) {
+	c, err := config.Parse("/etc/nymph/nymph.toml", []byte(`
+[server]
+url = "https://cp.example:8443"
+
+[metrics]
+textfile = "textfile/nymph.prom"
+interval_s = 2
+`), "/home/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A relative path is the config file's directory's, as every other file.
+	if c.Metrics.Textfile != "/etc/nymph/textfile/nymph.prom" || c.Metrics.IntervalS != 2 {
+		t.Fatalf("metrics: %+v", c.Metrics)
+	}
+	def, err := config.Parse("/etc/nymph/nymph.toml", []byte("[server]\nurl = \"https://cp.example:8443\"\n"), "/home/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def.Metrics.Textfile != "" || def.Metrics.IntervalS != 5 {
+		t.Fatalf("metrics defaults: %+v", def.Metrics)
+	}
+}
+
+func TestMetricsProblems(t *testing.T) {
+	for _, tc := range []struct {
+		body, key, why string
+	}{
+		{`textfile = "/var/lib/node_exporter/nymph.txt"`, "[metrics] textfile", `must end in ".prom"`},
+		{`textfile = "/var/lib/node_exporter/nymph"`, "[metrics] textfile", `must end in ".prom"`},
+		{`textfile = "/var/lib/node_exporter/.prom"`, "[metrics] textfile", "must name a file"},
+		{`interval_s = 0.5`, "[metrics] interval_s", "must be >= 1 second, got 0.5"},
+		{`interval_s = 0`, "[metrics] interval_s", "must be >= 1 second"},
+		{`interval_s = "5"`, "[metrics] interval_s", ""},
+	} {
+		_, err := config.Parse("/etc/nymph/nymph.toml", []byte("[server]\nurl = \"https://cp.example:8443\"\n[metrics]\n"+tc.body+"\n"), "/home/u")
+		if err == nil {
+			t.Errorf("%s: accepted", tc.body)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, "/etc/nymph/nymph.toml") || !strings.Contains(msg, tc.key) || !strings.Contains(msg, tc.why) {
+			t.Errorf("%s: error %q does not name the file, %s and %q", tc.body, msg, tc.key, tc.why)
+		}
+	}
+}
