@@ -121,7 +121,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.backoff, s.Recorder.Backoff().Seconds())
 	last := 0.0
 	if t := s.Recorder.LastPollSuccess(); !t.IsZero() {
-		last = float64(t.UnixNano()) / 1e9
+		last = float64(t.Unix()) + float64(t.Nanosecond())/1e9
 	}
 	gauge(c.lastPoll, last)
 	if s.Backlog != nil {
