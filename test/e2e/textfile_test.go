@@ -116,9 +116,15 @@ func TestMetricsTextfile(t *testing.T) {
 	lastOK := f.get("nymph_last_successful_poll_timestamp_seconds")
 
 	cp.Restart()
+	// The first request that succeeds ends the backoff; an exec answers
+	// the held poll at once.
+	if r := cp.CLI(t, "daemon", "exec", "metered", "echo back"); r.Code != 0 {
+		t.Fatalf("exec after the restart: %+v", r)
+	}
 	wait.For(t, 60*time.Second, "the backoff over once the control plane is back", func() bool {
 		f = readProm(t, path)
-		return f.get("nymph_poll_backoff_seconds") == 0 && f.get("nymph_last_successful_poll_timestamp_seconds") > lastOK
+		return f.get("nymph_poll_backoff_seconds") == 0 && f.get("nymph_last_successful_poll_timestamp_seconds") > lastOK &&
+			f.get("nymph_jobs_finished_total", "kind", "exec", "outcome", "exit_zero") == 2
 	})
 
 	d.Signal(syscall.SIGTERM)
@@ -131,7 +137,7 @@ func TestMetricsTextfile(t *testing.T) {
 		t.Fatalf("nymph exited %d:\n%s", code, d.Log())
 	}
 	f = readProm(t, path)
-	if f.get("nymph_jobs_finished_total", "kind", "exec", "outcome", "exit_zero") != 1 || f.get("nymph_outbox_pending") != 0 {
+	if f.get("nymph_jobs_finished_total", "kind", "exec", "outcome", "exit_zero") != 2 || f.get("nymph_outbox_pending") != 0 {
 		t.Fatalf("the file after shutdown:\n%v", f)
 	}
 	entries, err := os.ReadDir(dir)
