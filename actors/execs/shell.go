@@ -65,11 +65,6 @@ func (s *Shell) Run(ctx context.Context, e *messages.Exec) *messages.ExecResult 
 func (s *Shell) run(ctx context.Context, e *messages.Exec) (_ *messages.ExecResult, outcome string) {
 	start := time.Now()
 	outcome = OutcomeFailed
-	defer func() {
-		if ctx.Err() != nil {
-			outcome = OutcomeKilled
-		}
-	}()
 	log := s.Log.With().Str("exec_id", e.ExecID).Logger()
 	res := &messages.ExecResult{}
 	finish := func(errs ...string) *messages.ExecResult {
@@ -86,14 +81,14 @@ func (s *Shell) run(ctx context.Context, e *messages.Exec) (_ *messages.ExecResu
 	}
 
 	if ctx.Err() != nil {
-		return fail(reason(ctx)), outcome
+		return fail(reason(ctx)), OutcomeKilled
 	}
 	env := mergeEnv(s.BaseEnv, e.Env)
 	if e.PayloadInline != nil || e.PayloadRef != nil {
 		path, cleanup, err := s.materialise(ctx, e)
 		if err != nil {
 			if ctx.Err() != nil {
-				return fail(reason(ctx)), outcome
+				return fail(reason(ctx)), OutcomeKilled
 			}
 			log.Warn().Err(err).Msg("exec payload refused; nothing spawned")
 			return fail(err.Error()), outcome
