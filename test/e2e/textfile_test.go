@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"nymph/daemon/orphans"
 	"nymph/test/harness"
 	"nymph/test/wait"
 )
@@ -188,5 +189,39 @@ func TestMetricsTextfileUnwritableKeepsRunning(t *testing.T) {
 	wait.For(t, 10*time.Second, "the recovery logged", func() bool { return strings.Contains(d.Log(), again) })
 	if n := strings.Count(d.Log(), failed); n != 1 {
 		t.Fatalf("the write error was logged %d times:\n%s", n, d.Log())
+	}
+}
+
+// An exec the daemon was running when it was SIGKILLed is reported by the
+// next start as lost, and that start's file counts it so; its first file
+// also says the exec runs while it does.
+func TestMetricsTextfileCountsLostJobs(t *testing.T) {
+	cp := harness.StartControlPlane(t, harness.CPOptions{})
+	path := filepath.Join(t.TempDir(), "nymph.prom")
+	d := cp.StartDaemon(t, harness.DaemonOptions{
+		Label:     "lossy",
+		ExtraTOML: fmt.Sprintf("[metrics]\ntextfile = %q\ninterval_s = 1\n", path),
+	})
+	t.Cleanup(func() {
+		// By pid only while it still carries the daemon's mark.
+		left, _ := orphans.WithEnv("/proc", orphans.EnvVar+"="+orphans.Marker(d.Workdir))
+		for _, p := range left {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
+	startExec(t, cp, "lossy", "exec sleep 300")
+	wait.For(t, 30*time.Second, "the file shows the exec running", func() bool {
+		f := readProm(t, path)
+		return f != nil && f.get("nymph_jobs_running", "kind", "exec") == 1
+	})
+	d.Kill()
+	d.Start(d.Bin, nil)
+	var f promFile
+	wait.For(t, 30*time.Second, "the restarted daemon's file counts the exec lost", func() bool {
+		f = readProm(t, path)
+		return f.get("nymph_jobs_finished_total", "kind", "exec", "outcome", "lost") == 1
+	})
+	if f.get("nymph_jobs_running", "kind", "exec") != 0 {
+		t.Fatalf("the lost exec still counts as running:\n%v", f)
 	}
 }
