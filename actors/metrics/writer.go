@@ -23,14 +23,13 @@ type WriterDeps struct {
 	PropsOptions []actor.PropsOption
 }
 
-// Tick asks the writer for a write now; its own timer sends it every
-// Interval.
-type Tick struct{}
+// tick is the writer's own timer message, sent every Interval.
+type tick struct{}
 
 // Props returns the props of the writer: it writes the file when it starts,
-// at every Tick, and once more when it stops (the daemon's shutdown). The
+// at every tick, and once more when it stops (the daemon's shutdown). The
 // writes run on goroutines of their own, never in Receive (an fsync can
-// take a while); a Tick that finds one under way is dropped. A restarted
+// take a while); a tick that finds one under way is dropped. A restarted
 // writer starts a new timer and writes at once: the counters live in the
 // Recorder, so it loses nothing.
 func Props(d *WriterDeps) *actor.Props {
@@ -46,9 +45,9 @@ func (w *writer) Receive(ctx actor.Context) {
 	switch ctx.Message().(type) {
 	case *actor.Started:
 		every := max(w.d.Interval, time.Second)
-		w.cancel = scheduler.NewTimerScheduler(ctx).SendRepeatedly(every, every, ctx.Self(), &Tick{})
+		w.cancel = scheduler.NewTimerScheduler(ctx).SendRepeatedly(every, every, ctx.Self(), &tick{})
 		w.write(false)
-	case *Tick:
+	case *tick:
 		w.write(false)
 	case *actor.Stopping:
 		w.stopTimer()
