@@ -457,3 +457,39 @@ func TestREADMEListsEveryMetric(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRender is the cost of one rendering (every family, the Known
+// outcomes); BenchmarkWrite adds the atomic replacement (fsyncs included).
+func BenchmarkRender(b *testing.B) {
+	f := newFixtureB(b)
+	for b.Loop() {
+		data, err := f.tf.Render()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.SetBytes(int64(len(data)))
+	}
+}
+
+func BenchmarkWrite(b *testing.B) {
+	f := newFixtureB(b)
+	for b.Loop() {
+		if err := f.tf.Write(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func newFixtureB(b *testing.B) *fixture {
+	rec := metrics.NewRecorder()
+	rec.Known(metrics.KindExec, "exit_zero", "exit_nonzero", "timeout", "killed", "failed", "refused", "lost")
+	rec.Known(metrics.KindRun, "succeeded", "failed", "killed", "lost")
+	rec.Known(metrics.KindSetup, "succeeded", "failed")
+	path := filepath.Join(b.TempDir(), "nymph.prom")
+	tf, err := metrics.NewTextfile(path, metrics.Sources{Recorder: rec, Jobs: &jobs{}, Backlog: &backlog{}, Worker: worker("w-1"),
+		Label: "rig", MachineID: "m1", Version: "1.2.3"}, zerolog.Nop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &fixture{rec: rec, tf: tf, path: path}
+}
