@@ -1,11 +1,14 @@
 package config_test
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/BurntSushi/toml"
 
 	"nymph/config"
 	"nymph/messages"
@@ -482,5 +485,26 @@ func TestMetricsProblems(t *testing.T) {
 		if msg := err.Error(); !strings.Contains(msg, "/etc/nymph/nymph.toml") || !strings.Contains(msg, tc.key) || !strings.Contains(msg, tc.why) {
 			t.Errorf("%s: error %q does not name the file, %s and %q", tc.body, msg, tc.key, tc.why)
 		}
+	}
+}
+
+// Default, encoded as lakeshore's installers write it, carries the
+// [metrics] section and reads back as the same configuration.
+func TestDefaultRendersMetrics(t *testing.T) {
+	c := config.Default()
+	c.Server.URL = "https://cp.example:8443"
+	var buf bytes.Buffer
+	if err := toml.NewEncoder(&buf).Encode(c); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "[metrics]\n  textfile = \"\"\n  interval_s = 5.0\n") {
+		t.Fatalf("no [metrics] section in:\n%s", buf.String())
+	}
+	back, err := config.Parse("/etc/nymph/nymph.toml", buf.Bytes(), "/home/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Metrics != c.Metrics {
+		t.Fatalf("read back %+v, want %+v", back.Metrics, c.Metrics)
 	}
 }
