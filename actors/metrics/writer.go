@@ -29,7 +29,8 @@ type tick struct{}
 // Props returns the props of the writer: it writes the file when it starts,
 // at every tick, and once more when it stops (the daemon's shutdown). The
 // writes run on goroutines of their own, never in Receive (an fsync can
-// take a while); a tick that finds one under way is dropped. A restarted
+// take a while); a tick that finds one under way is dropped, the writes at
+// a start and a stop wait for it. A restarted
 // writer starts a new timer and writes at once: the counters live in the
 // Recorder, so it loses nothing.
 func Props(d *WriterDeps) *actor.Props {
@@ -46,7 +47,10 @@ func (w *writer) Receive(ctx actor.Context) {
 	case *actor.Started:
 		every := max(w.d.Interval, time.Second)
 		w.cancel = scheduler.NewTimerScheduler(ctx).SendRepeatedly(every, every, ctx.Self(), &tick{})
-		w.write(false)
+		// A new incarnation's first write waits for one under way (its
+		// previous incarnation's), so what changed since is not left to
+		// the next tick.
+		w.write(true)
 	case *tick:
 		w.write(false)
 	case *actor.Stopping:
@@ -65,11 +69,13 @@ func (w *writer) stopTimer() {
 	}
 }
 
-func (w *writer) write(last bool) {
+// write writes on a goroutine of its own; wait: after the write under
+// way, if any, instead of not at all.
+func (w *writer) write(wait bool) {
 	w.d.Jobs.Add(1)
 	go func() {
 		defer w.d.Jobs.Done()
-		if last {
+		if wait {
 			_ = w.d.Textfile.Write()
 			return
 		}
