@@ -228,13 +228,19 @@ func TestReplacedAtomically(t *testing.T) {
 	if err := f.tf.Write(); err != nil {
 		t.Fatal(err)
 	}
-	const enough = 300
+	// Enough of both that reads land in every phase of a replacement.
+	const enoughReads, enoughWrites = 300, 200
 	var reads atomic.Int64
-	done := make(chan struct{})
+	stop, done := make(chan struct{}), make(chan struct{})
 	failures := make(chan string, 1)
 	go func() {
 		defer close(done)
-		for reads.Load() < enough {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
 			data, err := os.ReadFile(f.path)
 			if err == nil {
 				p := expfmt.NewTextParser(model.UTF8Validation)
@@ -252,24 +258,24 @@ func TestReplacedAtomically(t *testing.T) {
 		}
 	}()
 	writes := 0
-	for {
+	for ; writes < enoughWrites || reads.Load() < enoughReads; writes++ {
 		select {
-		case <-done:
+		case msg := <-failures:
+			t.Fatalf("a reader saw a file that does not parse after %d reads: %s", reads.Load(), msg)
 		default:
-			// Every write changes the content, and its length now and then.
-			f.rec.PollFailed(time.Duration(writes) * time.Millisecond)
-			f.rec.JobFinished(metrics.KindExec, "exit_zero")
-			if writes%7 == 0 {
-				f.rec.JobFinished(metrics.KindRun, "o"+strings.Repeat("x", writes%50))
-			}
-			if err := f.tf.Write(); err != nil {
-				t.Fatal(err)
-			}
-			writes++
-			continue
 		}
-		break
+		// Every write changes the content, and its length now and then.
+		f.rec.PollFailed(time.Duration(writes) * time.Millisecond)
+		f.rec.JobFinished(metrics.KindExec, "exit_zero")
+		if writes%7 == 0 {
+			f.rec.JobFinished(metrics.KindRun, "o"+strings.Repeat("x", writes%50))
+		}
+		if err := f.tf.Write(); err != nil {
+			t.Fatal(err)
+		}
 	}
+	close(stop)
+	<-done
 	select {
 	case msg := <-failures:
 		t.Fatalf("a reader saw a file that does not parse after %d reads: %s", reads.Load(), msg)
