@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -26,6 +27,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
@@ -33,6 +36,7 @@ import (
 	"nymph/actors/execs"
 	"nymph/actors/invocations"
 	"nymph/actors/ledger"
+	"nymph/actors/metrics"
 	"nymph/daemon/orphans"
 	"nymph/messages"
 	"nymph/test/fakecp"
@@ -226,17 +230,20 @@ type chaosReport struct {
 	lostIDs, dupIDs, orphanedIDs []string
 	// wrong lists outcomes that contradict their job (an exec that should
 	// time out exiting 0, output that is not the job's).
-	wrong      []string
-	goroutines int
-	crashes    int64
-	stops      int64
-	outcomes   map[string]int
-	setupOrder []string
-	stacks     string
+	wrong []string
+	// metricsWrong lists where the daemon's metrics file disagrees with
+	// what the control plane received.
+	metricsWrong []string
+	goroutines   int
+	crashes      int64
+	stops        int64
+	outcomes     map[string]int
+	setupOrder   []string
+	stacks       string
 }
 
 func (r *chaosReport) failed() bool {
-	return r.lost+r.duplicated+r.orphaned > 0 || len(r.wrong) > 0 || r.goroutines > goroutineSlack
+	return r.lost+r.duplicated+r.orphaned > 0 || len(r.wrong) > 0 || len(r.metricsWrong) > 0 || r.goroutines > goroutineSlack
 }
 
 func (r *chaosReport) String() string {
@@ -269,7 +276,7 @@ func (r *chaosReport) String() string {
 	for _, l := range []struct {
 		what string
 		ids  []string
-	}{{"lost", r.lostIDs}, {"duplicated", r.dupIDs}, {"orphaned", r.orphanedIDs}, {"wrong", r.wrong}} {
+	}{{"lost", r.lostIDs}, {"duplicated", r.dupIDs}, {"orphaned", r.orphanedIDs}, {"wrong", r.wrong}, {"metrics file", r.metricsWrong}} {
 		if len(l.ids) > 0 {
 			fmt.Fprintf(&b, "\n  %s: %s", l.what, strings.Join(first(l.ids, 20), " | "))
 		}
@@ -292,8 +299,8 @@ func (r *chaosReport) check(t *testing.T) {
 		if r.goroutines > goroutineSlack {
 			t.Errorf("goroutines %+d after the daemon stopped (slack %d)\n%s", r.goroutines, goroutineSlack, r.stacks)
 		}
-		t.Fatalf("chaos: lost %d, duplicated %d, orphaned %d, wrong %d, goroutines %+d: want 0, 0, 0, 0 and at most +%d",
-			r.lost, r.duplicated, r.orphaned, len(r.wrong), r.goroutines, goroutineSlack)
+		t.Fatalf("chaos: lost %d, duplicated %d, orphaned %d, wrong %d, metrics file wrong %d, goroutines %+d: want 0, 0, 0, 0, 0 and at most +%d",
+			r.lost, r.duplicated, r.orphaned, len(r.wrong), len(r.metricsWrong), r.goroutines, goroutineSlack)
 	}
 }
 
@@ -327,6 +334,9 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosReport {
 			s.KillGrace = 100 * time.Millisecond
 			s.Poll.WaitMax = 500 * time.Millisecond
 			s.Poll.MaxInvocations = cfg.maxInvocations
+			// The metrics writer is in the tree, and among the monkey's
+			// victims; its counts are checked against the control plane's.
+			s.Metrics = actors.MetricsSettings{Textfile: filepath.Join(s.Workdir, "nymph.prom"), Interval: time.Second, Version: "chaos"}
 		},
 		noStart: true,
 	})
@@ -392,6 +402,7 @@ func runChaos(t *testing.T, cfg chaosConfig) *chaosReport {
 
 	r := &chaosReport{cfg: cfg, elapsed: elapsed, kindsDone: kindsDone, crashes: m.crashes.Load(), stops: m.stops.Load(), outcomes: map[string]int{}}
 	plan.account(h, r)
+	r.metricsWrong = checkMetricsFile(t, h, filepath.Join(h.workdir, "nymph.prom"))
 	r.setupOrder = setupOrder(t, orderFile)
 	r.orphanedIDs = orphanedJobs(t, runMark)
 	r.orphaned = len(r.orphanedIDs)
@@ -722,8 +733,8 @@ func settledGoroutines(h *harness) int {
 }
 
 // monkey crashes (a poison message) and stops actors of the tree at random:
-// the poller, the setup queue, the execs and invocations parents, and the
-// children of single jobs.
+// the poller, the setup queue, the execs and invocations parents, the
+// metrics writer, and the children of single jobs.
 type monkey struct {
 	crashes, stops atomic.Int64
 	stop, done     chan struct{}
@@ -762,7 +773,9 @@ func startMonkey(h *harness, seed uint64, every time.Duration) *monkey {
 			}
 			var pid *actor.PID
 			isParent := false
-			switch rng.IntN(10) {
+			switch rng.IntN(11) {
+			case 10:
+				pid = h.d.Child(metrics.Name)
 			case 0:
 				pid = h.d.Child(actors.PollerName)
 			case 1:
@@ -826,4 +839,79 @@ func TestRepeatedCrashesEscalate(t *testing.T) {
 	if r := h.cp.WaitResult("victim", 10*time.Second); r.ExitCode != messages.ExitFailed {
 		t.Fatalf("%+v", r)
 	}
+}
+
+// checkMetricsFile reads the metrics file the stopped daemon left at path
+// and compares its counts of finished jobs with what the control plane
+// received: one exec result per exit-code class, one ack per state, one
+// setup outcome each. The writer was crashed and stopped with the rest of
+// the tree; the counters, outside it, must not have missed or doubled one.
+func checkMetricsFile(t *testing.T, h *harness, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(bytes.NewReader(data))
+	if err != nil {
+		return []string{"does not parse: " + err.Error()}
+	}
+	got := map[string]float64{}
+	for _, m := range mfs["nymph_jobs_finished_total"].GetMetric() {
+		var kind, outcome string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "kind":
+				kind = l.GetValue()
+			case "outcome":
+				outcome = l.GetValue()
+			}
+		}
+		got[kind+" "+outcome] = m.GetCounter().GetValue()
+	}
+	want := map[string]float64{}
+	for _, rs := range h.cp.Results() {
+		switch c := rs[0].ExitCode; {
+		case c == 0:
+			want["exec exit_zero"]++
+		case c > 0:
+			want["exec exit_nonzero"]++
+		case c == messages.ExitTimeout:
+			want["exec timeout"]++
+		default:
+			want["exec -1"]++
+		}
+	}
+	for _, a := range h.cp.Acks() {
+		want["run "+a.State]++
+	}
+	for _, n := range setupEvents(h.cp) {
+		want["setup"] += float64(min(n, 1))
+	}
+	// An exec reported -1 was killed, could not run, or was refused: the
+	// result alone does not tell which.
+	got["exec -1"] = got["exec killed"] + got["exec failed"] + got["exec refused"]
+	got["setup"] = got["setup succeeded"] + got["setup failed"]
+	var wrong []string
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if got[k] != want[k] {
+			wrong = append(wrong, fmt.Sprintf("%s: the file says %v, the control plane got %v", k, got[k], want[k]))
+		}
+	}
+	for _, k := range []string{"exec exit_zero", "exec exit_nonzero", "exec timeout", "run succeeded", "run failed", "run killed"} {
+		if _, ok := want[k]; !ok && got[k] != 0 {
+			wrong = append(wrong, fmt.Sprintf("%s: the file says %v, the control plane got none", k, got[k]))
+		}
+	}
+	if v := mfs["nymph_jobs_running"].GetMetric(); len(v) != 3 {
+		wrong = append(wrong, fmt.Sprintf("nymph_jobs_running has %d series", len(v)))
+	} else {
+		for _, m := range v {
+			if m.GetGauge().GetValue() != 0 {
+				wrong = append(wrong, "a job still running after the stop")
+			}
+		}
+	}
+	return wrong
 }

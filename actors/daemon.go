@@ -5,6 +5,7 @@
 //	├── setup         serial FIFO of setup scripts (package setupqueue)
 //	├── execs         one child per exec (package execs)
 //	├── invocations   one child per run (package invocations)
+//	├── metrics       the metrics textfile's writer, when one is configured
 //	└── …             extra children added with WithChild (OTA, keys)
 //
 // The root restarts a crashed child and respawns a stopped one, under a
@@ -20,7 +21,8 @@
 // nothing is left the root stops itself, and Done is closed.
 //
 // State that must survive crashes lives outside the actors: the ledger (jobs
-// and exactly-once reporting), the setup FIFO and the poller's State.
+// and exactly-once reporting), the setup FIFO, the poller's State and the
+// metrics Recorder (which every actor that counts something is given).
 package actors
 
 import (
@@ -40,6 +42,7 @@ import (
 	"nymph/actors/invocations"
 	"nymph/actors/jobparent"
 	"nymph/actors/ledger"
+	"nymph/actors/metrics"
 	"nymph/actors/poller"
 	"nymph/actors/setupqueue"
 	"nymph/messages"
@@ -73,6 +76,18 @@ type Settings struct {
 	RestartWindow time.Duration
 	// StopTimeout bounds the wait for reports after GraceExpired (default 10 s).
 	StopTimeout time.Duration
+	// Metrics, when its Textfile is set, has the tree write its metrics there.
+	Metrics MetricsSettings
+}
+
+// MetricsSettings configure the metrics textfile (see package metrics).
+type MetricsSettings struct {
+	// Textfile is the file written (ending in .prom); empty writes none.
+	Textfile string
+	// Interval is the time between two writes (default 5 s, at least 1 s).
+	Interval time.Duration
+	// Version labels nymph_build_info.
+	Version string
 }
 
 // Server is the control plane client the tree uses.
@@ -103,6 +118,9 @@ type Deps struct {
 	// Journal records jobs before they run, so a start after a crash can
 	// report the ones that were running; nil journals nothing.
 	Journal Journal
+	// Backlog counts the results not posted yet (the outbox), for the
+	// metrics; nil leaves that number out.
+	Backlog metrics.Backlog
 	// Runners maps a runner kind to its implementation; setups use
 	// Runners["process"].
 	Runners map[string]runners.Runner
@@ -174,11 +192,15 @@ type Daemon struct {
 	ledger *ledger.Ledger
 	fifo   *setupqueue.FIFO
 	state  *poller.State
+	rec    *metrics.Recorder
+	// textfile is nil unless Settings.Metrics.Textfile is set.
+	textfile *metrics.Textfile
 
 	pollerDeps      *poller.Deps
 	setupDeps       *setupqueue.Deps
 	execDeps        *execs.Deps
 	invocationsDeps *invocations.Deps
+	writerDeps      *metrics.WriterDeps
 
 	mu      sync.Mutex
 	rootPID *actor.PID
@@ -233,6 +255,24 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 	dm.ledger = ledger.New(d.Now)
 	dm.fifo = setupqueue.NewFIFO()
 	dm.state = poller.NewState(s.RetryMin, s.RetryMax, d.Rand, d.Now())
+	dm.rec = metrics.NewRecorder()
+	dm.rec.Known(metrics.KindExec, append(execs.Outcomes(), metrics.OutcomeLost)...)
+	dm.rec.Known(metrics.KindRun, append(invocations.States(), metrics.OutcomeLost)...)
+	dm.rec.Known(metrics.KindSetup, messages.StateSucceeded, messages.StateFailed)
+	if m := s.Metrics; m.Textfile != "" {
+		tf, err := metrics.NewTextfile(m.Textfile, metrics.Sources{
+			Recorder: dm.rec, Jobs: running{dm.ledger, dm.fifo}, Backlog: d.Backlog, Worker: dm.state,
+			Label: s.Poll.Hello.Label, MachineID: s.Poll.Hello.MachineID, Version: m.Version,
+		}, d.Log.With().Str("actor", metrics.Name).Logger())
+		if err != nil {
+			return nil, fmt.Errorf("actors: %w", err)
+		}
+		if m.Interval <= 0 {
+			m.Interval = 5 * time.Second
+		}
+		dm.textfile = tf
+		dm.writerDeps = &metrics.WriterDeps{Textfile: tf, Interval: m.Interval, Jobs: d.Jobs, PropsOptions: o.propsOpts}
+	}
 
 	protoLog := d.Log.With().Str("component", "protoactor").Logger()
 	dm.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
@@ -240,12 +280,12 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 	}))
 
 	dm.pollerDeps = &poller.Deps{
-		Settings: s.Poll, Server: d.Server, State: dm.state, Ledger: dm.ledger, Setups: dm.fifo,
+		Settings: s.Poll, Server: d.Server, State: dm.state, Ledger: dm.ledger, Setups: dm.fifo, Metrics: dm.rec,
 		Log: d.Log.With().Str("actor", PollerName).Logger(), Now: d.Now, PropsOptions: o.propsOpts,
 	}
 	dm.setupDeps = &setupqueue.Deps{
 		FIFO: dm.fifo, Runner: d.Runners["process"], Workdir: s.Workdir, Reprobe: d.Reprobe, Sink: dm.state,
-		Outcomes: d.Results, WorkerID: dm.state.WorkerID,
+		Outcomes: d.Results, WorkerID: dm.state.WorkerID, Metrics: dm.rec,
 		Log: d.Log.With().Str("actor", SetupName).Logger(), Jobs: d.Jobs, PropsOptions: o.propsOpts,
 	}
 	wiring := func(name string) jobparent.Wiring {
@@ -256,13 +296,13 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 		Wiring: wiring(ExecsName),
 		Shell: &execs.Shell{Workdir: s.Workdir, KillGrace: s.KillGrace, Namespace: s.Namespace, BaseEnv: d.BaseEnv,
 			Server: d.Server, Log: d.Log.With().Str("actor", ExecsName).Logger()},
-		Results: d.Results,
+		Results: d.Results, Metrics: dm.rec,
 	}
 	dm.invocationsDeps = &invocations.Deps{
 		Wiring:  wiring(InvocationsName),
 		Runners: d.Runners, DefaultRunner: s.DefaultRunner, Workdir: s.Workdir,
 		Acks: d.Results, WorkerID: dm.state.WorkerID, Payloads: d.Server, Namespace: s.Namespace,
-		Events: d.Server, Leftovers: d.Results,
+		Events: d.Server, Leftovers: d.Results, Metrics: dm.rec,
 	}
 	return dm, nil
 }
@@ -391,3 +431,36 @@ func (d *Daemon) SetupQueue() *setupqueue.FIFO { return d.fifo }
 
 // PollerState is the poller's surviving state.
 func (d *Daemon) PollerState() *poller.State { return d.state }
+
+// Metrics is the daemon's Recorder: what the tree counted, for a caller
+// that counts something of its own (the jobs a start reports as lost).
+func (d *Daemon) Metrics() *metrics.Recorder { return d.rec }
+
+// Textfile is the metrics file's writer, or nil when none is configured.
+// Once Wait has returned, a caller may Write it once more, after what it
+// does last (closing the outbox).
+func (d *Daemon) Textfile() *metrics.Textfile { return d.textfile }
+
+// running answers metrics.Jobs from the ledger and the setup FIFO.
+type running struct {
+	ledger *ledger.Ledger
+	fifo   *setupqueue.FIFO
+}
+
+var _ metrics.Jobs = running{}
+
+// Running counts jobs accepted and not reported yet: an exec or run holds
+// its permit from its dispatch, a setup runs one at a time.
+func (r running) Running(kind string) int {
+	switch kind {
+	case metrics.KindExec:
+		return r.ledger.Active(ledger.Exec)
+	case metrics.KindRun:
+		return r.ledger.Active(ledger.Run)
+	case metrics.KindSetup:
+		if r.fifo.Busy() {
+			return 1
+		}
+	}
+	return 0
+}

@@ -97,6 +97,7 @@ func newHarness(t *testing.T, s setup) *harness {
 		Server:  client,
 		Results: ob,
 		Journal: ob,
+		Backlog: ob,
 		Runners: map[string]runners.Runner{
 			"process": process.New(log, process.WithKillGrace(200*time.Millisecond)),
 			"echo":    echo.New(),

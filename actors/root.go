@@ -9,6 +9,7 @@ import (
 
 	"nymph/actors/execs"
 	"nymph/actors/invocations"
+	"nymph/actors/metrics"
 	"nymph/actors/poller"
 	"nymph/actors/setupqueue"
 	"nymph/messages"
@@ -52,6 +53,9 @@ func newRoot(d *Daemon) *root {
 	add(SetupName, setupqueue.Props(d.setupDeps))
 	add(ExecsName, execs.Props(d.execDeps))
 	add(InvocationsName, invocations.Props(d.invocationsDeps))
+	if d.writerDeps != nil {
+		add(metrics.Name, metrics.Props(d.writerDeps))
+	}
 	for _, x := range d.opts.extras {
 		add(x.name, x.props)
 		for _, k := range x.kinds {

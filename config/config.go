@@ -33,6 +33,12 @@
 //	env = ["SLURM_CONF=/etc/slurm/other.conf"]  # KEY=VALUE for srun, scancel, squeue
 //	bin_dir = "/opt/slurm/bin"             # where srun, scancel, squeue are; default PATH
 //
+// Metrics for node_exporter's textfile collector (nymph never listens):
+//
+//	[metrics]
+//	textfile = "/var/lib/node_exporter/textfile/nymph.prom"  # must end in .prom; unset writes none
+//	interval_s = 5                          # seconds between two writes, >= 1 (default 5)
+//
 // Binaries named with a '/' (and state_root, bin_dir) get the same `~` and
 // relative-path treatment as other files; a bare name is looked up in PATH
 // when a run starts.
@@ -68,6 +74,7 @@ type Config struct {
 	Runtime  Runtime  `toml:"runtime"`
 	Identity Identity `toml:"identity"`
 	Log      Log      `toml:"log"`
+	Metrics  Metrics  `toml:"metrics"`
 	Runners  Runners  `toml:"runners"`
 	// Warnings are non-fatal findings, such as unknown keys.
 	Warnings []string `toml:"-"`
@@ -198,6 +205,19 @@ type Log struct {
 	Format string `toml:"format"`
 }
 
+// Metrics is the [metrics] section: nymph never listens, so it writes its
+// metrics to a file for node_exporter's textfile collector to read.
+type Metrics struct {
+	// Textfile is the file written, in the Prometheus text format, every
+	// IntervalS seconds and once more at shutdown, replaced atomically; its
+	// name must end in ".prom". Empty writes none.
+	Textfile  string  `toml:"textfile"`
+	IntervalS float64 `toml:"interval_s"`
+}
+
+// MetricsSuffix is the ending node_exporter's textfile collector requires.
+const MetricsSuffix = ".prom"
+
 // Default returns the configuration of an empty file.
 func Default() Config {
 	return Config{
@@ -214,6 +234,7 @@ func Default() Config {
 		},
 		Identity: Identity{KeyFile: "~/.nymph/identity.key"},
 		Log:      Log{Level: "info", Format: "auto"},
+		Metrics:  Metrics{IntervalS: 5},
 		Runners: Runners{
 			Process: ProcessRunner{KillGraceS: DefaultKillGraceS},
 			Python:  PythonRunner{Python: "python3", KillGraceS: DefaultKillGraceS},
@@ -260,6 +281,7 @@ func Parse(path string, data []byte, home string) (*Config, error) {
 	c.Runtime.Workdir = resolvePath(c.Runtime.Workdir, home, base)
 	c.Identity.KeyFile = resolvePath(c.Identity.KeyFile, home, base)
 	c.Identity.EnrollTokenFile = resolvePath(c.Identity.EnrollTokenFile, home, base)
+	c.Metrics.Textfile = resolvePath(c.Metrics.Textfile, home, base)
 	rn := &c.Runners
 	rn.Python.Python = resolveBin(rn.Python.Python, home, base)
 	rn.Docker.CLI = resolveBin(rn.Docker.CLI, home, base)
@@ -544,6 +566,14 @@ func (r *reader) validate(c *Config) {
 		r.warnings = append(r.warnings, fmt.Sprintf("config %s: [identity] enroll_token_file: set while [identity] enabled is false; ignored (requests carry the bearer only)", r.path))
 	}
 	r.validateRunners(&c.Runners)
+	if t := c.Metrics.Textfile; t != "" && !strings.HasSuffix(t, MetricsSuffix) {
+		r.fail("[metrics] textfile", "must end in %q: node_exporter's textfile collector reads only *%s files, got %q", MetricsSuffix, MetricsSuffix, t)
+	} else if t != "" && strings.TrimSuffix(filepath.Base(t), MetricsSuffix) == "" {
+		r.fail("[metrics] textfile", "must name a file before %q, got %q", MetricsSuffix, t)
+	}
+	if c.Metrics.IntervalS < 1 {
+		r.fail("[metrics] interval_s", "must be >= 1 second, got %v", c.Metrics.IntervalS)
+	}
 	if !slices.Contains([]string{"trace", "debug", "info", "warn", "error"}, c.Log.Level) {
 		r.fail("[log] level", "must be one of trace, debug, info, warn, error, got %q", c.Log.Level)
 	}

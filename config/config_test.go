@@ -1,11 +1,14 @@
 package config_test
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/BurntSushi/toml"
 
 	"nymph/config"
 	"nymph/messages"
@@ -435,5 +438,73 @@ func TestKeysAreCaseSensitive(t *testing.T) {
 	_, err = config.Parse("/etc/nymph.toml", []byte("[server]\nurl = \"http://a\"\nURL = \"http://b\"\n"), "/home/u")
 	if err == nil || !strings.Contains(err.Error(), `[server] url: given again as "URL"`) {
 		t.Fatalf("url and URL in one table: %v, want an error naming both", err)
+	}
+}
+
+func TestMetricsSection(t *testing.T) {
+	c, err := config.Parse("/etc/nymph/nymph.toml", []byte(`
+[server]
+url = "https://cp.example:8443"
+
+[metrics]
+textfile = "textfile/nymph.prom"
+interval_s = 2
+`), "/home/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A relative path is the config file's directory's, as every other file.
+	if c.Metrics.Textfile != "/etc/nymph/textfile/nymph.prom" || c.Metrics.IntervalS != 2 {
+		t.Fatalf("metrics: %+v", c.Metrics)
+	}
+	def, err := config.Parse("/etc/nymph/nymph.toml", []byte("[server]\nurl = \"https://cp.example:8443\"\n"), "/home/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def.Metrics.Textfile != "" || def.Metrics.IntervalS != 5 {
+		t.Fatalf("metrics defaults: %+v", def.Metrics)
+	}
+}
+
+func TestMetricsProblems(t *testing.T) {
+	for _, tc := range []struct {
+		body, key, why string
+	}{
+		{`textfile = "/var/lib/node_exporter/nymph.txt"`, "[metrics] textfile", `must end in ".prom"`},
+		{`textfile = "/var/lib/node_exporter/nymph"`, "[metrics] textfile", `must end in ".prom"`},
+		{`textfile = "/var/lib/node_exporter/.prom"`, "[metrics] textfile", "must name a file"},
+		{`interval_s = 0.5`, "[metrics] interval_s", "must be >= 1 second, got 0.5"},
+		{`interval_s = 0`, "[metrics] interval_s", "must be >= 1 second"},
+		{`interval_s = "5"`, "[metrics] interval_s", ""},
+	} {
+		_, err := config.Parse("/etc/nymph/nymph.toml", []byte("[server]\nurl = \"https://cp.example:8443\"\n[metrics]\n"+tc.body+"\n"), "/home/u")
+		if err == nil {
+			t.Errorf("%s: accepted", tc.body)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, "/etc/nymph/nymph.toml") || !strings.Contains(msg, tc.key) || !strings.Contains(msg, tc.why) {
+			t.Errorf("%s: error %q does not name the file, %s and %q", tc.body, msg, tc.key, tc.why)
+		}
+	}
+}
+
+// Default, encoded as lakeshore's installers write it, carries the
+// [metrics] section and reads back as the same configuration.
+func TestDefaultRendersMetrics(t *testing.T) {
+	c := config.Default()
+	c.Server.URL = "https://cp.example:8443"
+	var buf bytes.Buffer
+	if err := toml.NewEncoder(&buf).Encode(c); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "[metrics]\n  textfile = \"\"\n  interval_s = 5.0\n") {
+		t.Fatalf("no [metrics] section in:\n%s", buf.String())
+	}
+	back, err := config.Parse("/etc/nymph/nymph.toml", buf.Bytes(), "/home/u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Metrics != c.Metrics {
+		t.Fatalf("read back %+v, want %+v", back.Metrics, c.Metrics)
 	}
 }

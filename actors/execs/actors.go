@@ -28,11 +28,35 @@ type Results interface {
 	ExecResult(execID string, r *messages.ExecResult) error
 }
 
+// Metrics counts finished execs by outcome (the daemon's
+// metrics.Recorder). It is called from the goroutine that reports the exec
+// and must be safe for concurrent use.
+type Metrics interface {
+	ExecFinished(outcome string)
+}
+
+// How an exec ended, as Metrics counts it.
+const (
+	OutcomeExitZero    = "exit_zero"    // the command exited 0
+	OutcomeExitNonzero = "exit_nonzero" // it exited with another code
+	OutcomeTimeout     = "timeout"      // killed after timeout_s (exit -2)
+	OutcomeKilled      = "killed"       // cancelled, ended by the shutdown or a stopped actor, or killed by a signal (exit -1)
+	OutcomeFailed      = "failed"       // could not run: spawn or payload failure, no body (exit -1)
+	OutcomeRefused     = "refused"      // refused before it ran (exit -1)
+)
+
+// Outcomes lists every outcome Metrics is given.
+func Outcomes() []string {
+	return []string{OutcomeExitZero, OutcomeExitNonzero, OutcomeTimeout, OutcomeKilled, OutcomeFailed, OutcomeRefused}
+}
+
 // Deps is what the execs actors share. It outlives every actor instance.
 type Deps struct {
 	jobparent.Wiring
 	Shell   *Shell
 	Results Results
+	// Metrics, when set, counts each reported exec.
+	Metrics Metrics
 }
 
 // Props returns the props of the execs parent.
@@ -42,19 +66,20 @@ func Props(d *Deps) *actor.Props {
 		ChildName: ChildName,
 		Run: func(ctx context.Context, sys *actor.ActorSystem, e *ledger.Entry) {
 			var res *messages.ExecResult
+			outcome := OutcomeFailed
 			if body, _ := e.Body.(*messages.Exec); body != nil {
-				res = d.Shell.Run(ctx, body)
+				res, outcome = d.Shell.run(ctx, body)
 			} else {
 				msg := "exec body missing"
 				res = &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &msg}
 			}
-			d.report(sys, e.ID, res)
+			d.report(sys, e.ID, res, outcome)
 		},
 		Unstarted: func(sys *actor.ActorSystem, id, reason string) {
-			d.report(sys, id, &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason})
+			d.report(sys, id, &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason}, OutcomeKilled)
 		},
 		Refused: func(sys *actor.ActorSystem, id, reason string) {
-			d.report(sys, id, &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason})
+			d.report(sys, id, &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &reason}, OutcomeRefused)
 		},
 	})
 }
@@ -64,11 +89,14 @@ func ChildName(execID string) string {
 	return ledger.ActorName("exec-", execID)
 }
 
-// report hands a result over exactly once and tells the root.
-func (d *Deps) report(sys *actor.ActorSystem, id string, res *messages.ExecResult) {
+// report hands a result over exactly once, counts it, and tells the root.
+func (d *Deps) report(sys *actor.ActorSystem, id string, res *messages.ExecResult, outcome string) {
 	if !d.Ledger.Complete(ledger.Exec, id) {
 		d.Log.Warn().Str("exec_id", id).Msg("exec already reported; duplicate result dropped")
 		return
+	}
+	if d.Metrics != nil {
+		d.Metrics.ExecFinished(outcome)
 	}
 	ev := d.Log.Info().Str("exec_id", id).Int32("exit_code", res.ExitCode).Uint64("duration_ms", res.DurationMs)
 	if res.Error != nil {

@@ -55,7 +55,16 @@ type Shell struct {
 // ends it early: its cause becomes the error, and a context made by
 // procgroup.WithKill may ask for the group to be killed without the grace.
 func (s *Shell) Run(ctx context.Context, e *messages.Exec) *messages.ExecResult {
+	res, _ := s.run(ctx, e)
+	return res
+}
+
+// run is Run, and also says how the exec ended, as the metrics count it
+// (see Outcomes): what the result alone cannot tell is whether a -1 was a
+// kill (a signal, a cancel) or a failure to run.
+func (s *Shell) run(ctx context.Context, e *messages.Exec) (_ *messages.ExecResult, outcome string) {
 	start := time.Now()
+	outcome = OutcomeFailed
 	log := s.Log.With().Str("exec_id", e.ExecID).Logger()
 	res := &messages.ExecResult{}
 	finish := func(errs ...string) *messages.ExecResult {
@@ -72,17 +81,17 @@ func (s *Shell) Run(ctx context.Context, e *messages.Exec) *messages.ExecResult 
 	}
 
 	if ctx.Err() != nil {
-		return fail(reason(ctx))
+		return fail(reason(ctx)), OutcomeKilled
 	}
 	env := mergeEnv(s.BaseEnv, e.Env)
 	if e.PayloadInline != nil || e.PayloadRef != nil {
 		path, cleanup, err := s.materialise(ctx, e)
 		if err != nil {
 			if ctx.Err() != nil {
-				return fail(reason(ctx))
+				return fail(reason(ctx)), OutcomeKilled
 			}
 			log.Warn().Err(err).Msg("exec payload refused; nothing spawned")
-			return fail(err.Error())
+			return fail(err.Error()), outcome
 		}
 		defer cleanup()
 		env = mergeEnv(env, map[string]string{EnvPayload: path})
@@ -137,20 +146,23 @@ func (s *Shell) Run(ctx context.Context, e *messages.Exec) *messages.ExecResult 
 	switch {
 	case errors.As(err, &started):
 		log.Warn().Err(err).Msg("exec spawn failed")
-		return fail("spawn failed: " + started.Err.Error())
+		return fail("spawn failed: " + started.Err.Error()), outcome
 	case pg.Stopped == procgroup.Timeout:
-		res.ExitCode = messages.ExitTimeout
+		res.ExitCode, outcome = messages.ExitTimeout, OutcomeTimeout
 		errs = append(errs, fmt.Sprintf("timed out after %gs", *e.TimeoutS))
 	case pg.Stopped == procgroup.Cancelled:
-		res.ExitCode = messages.ExitFailed
+		res.ExitCode, outcome = messages.ExitFailed, OutcomeKilled
 		errs = append(errs, reason(ctx))
 	case err != nil:
 		res.ExitCode = messages.ExitFailed
 		errs = append(errs, "wait failed: "+errors.Unwrap(err).Error())
 	default:
-		res.ExitCode = int32(pg.ExitCode)
+		res.ExitCode, outcome = int32(pg.ExitCode), OutcomeExitZero
+		if pg.ExitCode != 0 {
+			outcome = OutcomeExitNonzero
+		}
 		if ws, ok := pg.State.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			res.ExitCode = messages.ExitFailed
+			res.ExitCode, outcome = messages.ExitFailed, OutcomeKilled
 			errs = append(errs, "killed by signal "+unix.SignalName(ws.Signal()))
 		}
 	}
@@ -164,7 +176,7 @@ func (s *Shell) Run(ctx context.Context, e *messages.Exec) *messages.ExecResult 
 	case stderr.Truncated():
 		errs = append(errs, messages.ErrStderrTruncated)
 	}
-	return finish(errs...)
+	return finish(errs...), outcome
 }
 
 // reason is why ctx ended, for the result's error.

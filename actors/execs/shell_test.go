@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -322,5 +323,39 @@ func TestNoStdinReadsEndOfFile(t *testing.T) {
 	r := run(newShell(t, nil), messages.Exec{Command: "wc -c; read -r line || echo eof"})
 	if r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != "0\neof" {
 		t.Fatalf("result %+v (error %s)", r, errString(r))
+	}
+}
+
+// Each way an exec ends has its outcome for the metrics, the -1s told
+// apart: a kill (a signal, an abort) is not a failure to run.
+func TestOutcomes(t *testing.T) {
+	s := newShell(t, nil)
+	missing := "/nonexistent/dir"
+	timeout := 0.2
+	aborted, abort := procgroup.WithKill(context.Background())
+	abort(errors.New("cancelled"), false)
+	for _, c := range []struct {
+		what string
+		ctx  context.Context
+		e    messages.Exec
+		want string
+	}{
+		{"exit 0", context.Background(), messages.Exec{Command: "true"}, execs.OutcomeExitZero},
+		{"exit 3", context.Background(), messages.Exec{Command: "exit 3"}, execs.OutcomeExitNonzero},
+		{"timeout", context.Background(), messages.Exec{Command: "sleep 30", TimeoutS: &timeout}, execs.OutcomeTimeout},
+		{"signal", context.Background(), messages.Exec{Command: "kill -9 $$"}, execs.OutcomeKilled},
+		{"aborted", aborted, messages.Exec{Command: "true"}, execs.OutcomeKilled},
+		{"spawn failure", context.Background(), messages.Exec{Command: "true", Workdir: &missing}, execs.OutcomeFailed},
+	} {
+		c.e.ExecID = "e-" + strings.ReplaceAll(c.what, " ", "-")
+		_, got := s.RunOutcome(c.ctx, &c.e)
+		if got != c.want {
+			t.Errorf("%s: outcome %q, want %q", c.what, got, c.want)
+		}
+	}
+	for _, o := range []string{execs.OutcomeExitZero, execs.OutcomeExitNonzero, execs.OutcomeTimeout, execs.OutcomeKilled, execs.OutcomeFailed, execs.OutcomeRefused} {
+		if !slices.Contains(execs.Outcomes(), o) {
+			t.Errorf("Outcomes lacks %s", o)
+		}
 	}
 }

@@ -36,9 +36,23 @@ type Acks interface {
 	Ack(a *messages.Ack) error
 }
 
+// Metrics counts acked runs by state (the daemon's metrics.Recorder). It
+// is called from the goroutine that acks the run and must be safe for
+// concurrent use.
+type Metrics interface {
+	RunFinished(state string)
+}
+
+// States lists every state Metrics is given: the ack's.
+func States() []string {
+	return []string{messages.StateSucceeded, messages.StateFailed, messages.StateKilled}
+}
+
 // Deps is what the invocations actors share. It outlives every instance.
 type Deps struct {
 	jobparent.Wiring
+	// Metrics, when set, counts each acked run.
+	Metrics Metrics
 	// Runners maps run_config.runner to its implementation.
 	Runners       map[string]runners.Runner
 	DefaultRunner string
@@ -160,6 +174,9 @@ func (d *Deps) report(sys *actor.ActorSystem, ack *messages.Ack) {
 	if !d.Ledger.Complete(ledger.Run, ack.InvocationID) {
 		d.Log.Warn().Str("invocation_id", ack.InvocationID).Msg("invocation already acked; duplicate dropped")
 		return
+	}
+	if d.Metrics != nil {
+		d.Metrics.RunFinished(ack.State)
 	}
 	if d.WorkerID != nil {
 		ack.WorkerID = d.WorkerID()

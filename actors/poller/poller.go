@@ -77,6 +77,16 @@ type Settings struct {
 // singleJob reports the single-job idle policy.
 func (s *Settings) singleJob() bool { return s.KeepAlive == 0 }
 
+// Metrics takes what the poller measures (the daemon's metrics.Recorder).
+// It is called on the poller's mailbox and must return at once.
+type Metrics interface {
+	// PollFailed counts a hello or poll that failed; retryIn is the
+	// backoff before the next try.
+	PollFailed(retryIn time.Duration)
+	// PollSucceeded records a hello or poll answered at at.
+	PollSucceeded(at time.Time)
+}
+
 // Deps is everything the poller uses. It outlives every incarnation.
 type Deps struct {
 	Settings
@@ -84,7 +94,10 @@ type Deps struct {
 	State  *State
 	Ledger *ledger.Ledger
 	Setups Setups
-	Log    zerolog.Logger
+	// Metrics, when set, counts failed requests and records the backoff
+	// and the last success.
+	Metrics Metrics
+	Log     zerolog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// PropsOptions are added to the actor's props.
@@ -321,6 +334,7 @@ func (p *poller) helloDone(ctx actor.Context, m *helloDone) {
 	}
 	p.d.State.register(id, m.resp.Cursor, m.resp.HibernateWake)
 	p.d.State.resetBackoff()
+	p.succeeded()
 	p.d.Log.Info().Str("worker_id", id).Bool("provisional", provisional).Msg("hello accepted")
 	ctx.Send(ctx.Parent(), &messages.Registered{WorkerID: id, Provisional: provisional})
 	p.maybePoll(ctx)
@@ -369,6 +383,7 @@ func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
 		return
 	}
 	p.d.State.resetBackoff()
+	p.succeeded()
 	p.d.State.capsShipped(m.capsVersion)
 	cmds := m.resp.Commands
 	if watched {
@@ -500,8 +515,18 @@ func (p *poller) scheduleHibernate(ctx actor.Context, d time.Duration) {
 func (p *poller) backOff(ctx actor.Context, err error, what string) {
 	d := p.d.State.nextDelay()
 	p.d.Log.Warn().Err(err).Dur("retry_in", d).Msg(what)
+	if p.d.Metrics != nil {
+		p.d.Metrics.PollFailed(d)
+	}
 	p.retryGen = p.d.State.nextSeq()
 	p.cancelRetry = p.sched.SendOnce(d, ctx.Self(), &retry{gen: p.retryGen})
+}
+
+// succeeded tells the metrics that the control plane answered.
+func (p *poller) succeeded() {
+	if p.d.Metrics != nil {
+		p.d.Metrics.PollSucceeded(p.d.Now())
+	}
 }
 
 // idleExpired applies keep_alive_s; when it says stop, it tells the root

@@ -151,9 +151,19 @@ type Outcomes interface {
 	Event(e *messages.Event) error
 }
 
+// Metrics counts setups by the state of their outcome (the daemon's
+// metrics.Recorder). It is called from the setup's goroutine and must be
+// safe for concurrent use.
+type Metrics interface {
+	SetupFinished(state string)
+}
+
 // Deps is what the setup-queue actor needs. It outlives every instance.
 type Deps struct {
-	FIFO *FIFO
+	// Metrics, when set, counts each setup that ran to its end (or could
+	// not run at all).
+	Metrics Metrics
+	FIFO    *FIFO
 	// Runner is the process runner.
 	Runner runners.Runner
 	// Workdir holds each setup's scratch directory.
@@ -309,8 +319,11 @@ func (d *Deps) run(ctx context.Context, it item, attempt uint64) bool {
 	return true
 }
 
-// report hands a finished setup's outcome to the outbox.
+// report counts a finished setup and hands its outcome to the outbox.
 func (d *Deps) report(commandID string, o messages.SetupOutcome, log zerolog.Logger) {
+	if d.Metrics != nil {
+		d.Metrics.SetupFinished(o.State)
+	}
 	if d.Outcomes == nil {
 		return
 	}

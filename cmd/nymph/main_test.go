@@ -201,6 +201,23 @@ func TestBadConfigExitsWithFileAndKey(t *testing.T) {
 	}
 }
 
+// A metrics textfile node_exporter would not read is refused at load,
+// before anything starts.
+func TestMetricsTextfileWithoutPromSuffixRefused(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "nymph.toml")
+	if err := os.WriteFile(p, []byte("[server]\nurl = \"http://h\"\n[metrics]\ntextfile = \"nymph.txt\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := start(t, nil, "run", "--config", p)
+	if code := d.wait(10 * time.Second); code != 2 {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(d.stderr.String(), "config "+p+": [metrics] textfile: must end in \".prom\": node_exporter's textfile collector reads only *.prom files") {
+		t.Fatalf("stderr %q", d.stderr.String())
+	}
+}
+
 func TestHelloRejectExitsNonZero(t *testing.T) {
 	cp := fakecp.New(t, fakecp.WithHello(func(*messages.HelloRequest) messages.HelloResponse {
 		return messages.HelloResponse{Reject: &messages.Reject{Code: "invalid_enroll_token", Message: "token unknown"}}

@@ -19,6 +19,7 @@ import (
 
 	"nymph/actors"
 	"nymph/actors/ledger"
+	"nymph/actors/metrics"
 	"nymph/actors/ota"
 	"nymph/actors/poller"
 	"nymph/buildinfo"
@@ -173,6 +174,9 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 		RetryMax:      seconds(cfg.Poll.RetryMaxS),
 		Workdir:       cfg.Runtime.Workdir,
 		DefaultRunner: cfg.Runtime.DefaultRunner,
+		Metrics: actors.MetricsSettings{
+			Textfile: cfg.Metrics.Textfile, Interval: seconds(cfg.Metrics.IntervalS), Version: buildinfo.Version,
+		},
 	}
 	grace := seconds(cfg.Runtime.ShutdownGraceS)
 	updater, otaDeps, err := otaWiring(cfg, grace, log)
@@ -191,7 +195,7 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	otaDeps.Outcomes, otaDeps.WorkerID = box, func() string { return state.WorkerID() }
 	keysOpt := keysChild(holder, client, cfg, func() string { return state.WorkerID() }, jobs, log)
 	d, err := actors.New(settings, actors.Deps{
-		Server: loggingServer{Client: client, log: log}, Results: box, Journal: box, Runners: registry, Reprobe: reprobe, Log: log,
+		Server: loggingServer{Client: client, log: log}, Results: box, Journal: box, Backlog: box, Runners: registry, Reprobe: reprobe, Log: log,
 		Jobs: jobs,
 	}, actors.WithChild(ota.Name, ota.Props(otaDeps), messages.KindOtaUpdate), keysOpt)
 	if err != nil {
@@ -201,6 +205,8 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	// process had not acknowledged it) must not run it again.
 	for _, e := range recovered {
 		d.Ledger().MarkDone(ledger.Kind(e.Kind), e.ID)
+		// This process reported it: it counts among this process's outcomes.
+		d.Metrics().JobFinished(e.Kind, metrics.OutcomeLost)
 	}
 	state = d.PollerState()
 	log.Info().Str("version", buildinfo.Version).Str("server", cfg.Server.URL).Str("machine_id", machineID).
@@ -242,6 +248,11 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	defer cancel()
 	if err := box.Close(flushCtx); err != nil {
 		log.Warn().Err(err).Msg("results left for the next start")
+	}
+	if tf := d.Textfile(); tf != nil {
+		// The writer's last word came before the outbox was closed: this
+		// one says what it left for the next start.
+		_ = tf.Write()
 	}
 	if runErr == nil {
 		if err := handOff(updater, otaDeps.State, signalled.Load(), lock, log); err != nil {
