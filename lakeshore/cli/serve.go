@@ -265,12 +265,12 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	}
 
 	cfg := controlplane.Config{
-		DataDir:     o.dataDir,
-		AdminToken:  adminToken,
-		DaemonToken: o.daemonToken,
-		Logger:      logger,
-		StaleAfter:  o.staleAfter,
-		LostAfter:   lostAfter,
+		DataDir:      o.dataDir,
+		AdminToken:   adminToken,
+		DaemonToken:  o.daemonToken,
+		Logger:       logger,
+		StaleAfter:   o.staleAfter,
+		LostAfter:    lostAfter,
 		MetricsToken: o.metricsToken,
 		OpenProvider: func(ctx context.Context, spec providers.Spec, dir string) (providers.Launcher, error) {
 			return providers.Open(ctx, spec, dir, logger)

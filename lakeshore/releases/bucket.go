@@ -121,28 +121,14 @@ func (b *Bucket) Publish(ctx context.Context, src io.Reader, version, triple str
 		_ = tmp.Close()
 		_ = os.Remove(tmp.Name())
 	}()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(tmp, h), io.LimitReader(ctxReader{ctx, src}, MaxBinarySize+1))
+	n, sum, triple, err := spool(ctx, tmp, src, version, triple)
 	if err != nil {
-		return Release{}, fmt.Errorf("releases: publish %s: read binary: %w", version, err)
-	}
-	if n == 0 {
-		return Release{}, fmt.Errorf("releases: publish %s: the binary is empty", version)
-	}
-	if n > MaxBinarySize {
-		return Release{}, fmt.Errorf("releases: publish %s: the binary exceeds %d bytes", version, MaxBinarySize)
-	}
-	if triple == "" {
-		if t, ok := dist.TripleOfELF(tmp); ok {
-			triple = t
-		} else {
-			triple = dist.DefaultTriple()
-		}
+		return Release{}, err
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return Release{}, fmt.Errorf("releases: publish %s: %w", version, err)
 	}
-	rel := Release{Version: version, Triple: triple, SHA256: hex.EncodeToString(h.Sum(nil)), Size: n}
+	rel := Release{Version: version, Triple: triple, SHA256: sum, Size: n}
 	return b.put(ctx, rel, ctxReader{ctx, tmp})
 }
 

@@ -170,23 +170,9 @@ func (s *Store) Publish(ctx context.Context, src io.Reader, version, triple stri
 		}
 	}()
 
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(tmp, h), io.LimitReader(ctxReader{ctx, src}, MaxBinarySize+1))
+	n, sum, triple, err := spool(ctx, tmp, src, version, triple)
 	if err != nil {
-		return Release{}, fmt.Errorf("releases: publish %s: read binary: %w", version, err)
-	}
-	if n == 0 {
-		return Release{}, fmt.Errorf("releases: publish %s: the binary is empty", version)
-	}
-	if n > MaxBinarySize {
-		return Release{}, fmt.Errorf("releases: publish %s: the binary exceeds %d bytes", version, MaxBinarySize)
-	}
-	if triple == "" {
-		if t, ok := dist.TripleOfELF(tmp); ok {
-			triple = t
-		} else {
-			triple = dist.DefaultTriple()
-		}
+		return Release{}, err
 	}
 	if err := tmp.Chmod(0o755); err != nil {
 		return Release{}, fmt.Errorf("releases: publish %s: %w", version, err)
@@ -204,7 +190,7 @@ func (s *Store) Publish(ctx context.Context, src io.Reader, version, triple stri
 	rel := Release{
 		Version:     version,
 		Triple:      triple,
-		SHA256:      hex.EncodeToString(h.Sum(nil)),
+		SHA256:      sum,
 		Size:        n,
 		PublishedAt: s.now().UTC().Truncate(time.Millisecond),
 	}
@@ -560,6 +546,31 @@ func nextToken(s string) (string, string) {
 		i++
 	}
 	return s[:i], s[i:]
+}
+
+// spool copies an upload into tmp, hashing it, within MaxBinarySize, and
+// names its triple: the one given, else its ELF header's, else
+// dist.DefaultTriple(). Both catalogues publish through it.
+func spool(ctx context.Context, tmp *os.File, src io.Reader, version, triple string) (n int64, sum, tripleOut string, err error) {
+	h := sha256.New()
+	n, err = io.Copy(io.MultiWriter(tmp, h), io.LimitReader(ctxReader{ctx, src}, MaxBinarySize+1))
+	if err != nil {
+		return 0, "", "", fmt.Errorf("releases: publish %s: read binary: %w", version, err)
+	}
+	if n == 0 {
+		return 0, "", "", fmt.Errorf("releases: publish %s: the binary is empty", version)
+	}
+	if n > MaxBinarySize {
+		return 0, "", "", fmt.Errorf("releases: publish %s: the binary exceeds %d bytes", version, MaxBinarySize)
+	}
+	if triple == "" {
+		if t, ok := dist.TripleOfELF(tmp); ok {
+			triple = t
+		} else {
+			triple = dist.DefaultTriple()
+		}
+	}
+	return n, hex.EncodeToString(h.Sum(nil)), triple, nil
 }
 
 // ctxReader stops a long upload copy when ctx is cancelled.
