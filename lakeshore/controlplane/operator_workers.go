@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -155,6 +156,7 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, r *http.Request) {
 	}
 	s.withKeys(r.Context(), ns, out.Workers)
 	s.withOutcomes(r.Context(), ns, out.Workers, false)
+	s.withOpenExecs(r.Context(), ns, out.Workers)
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -213,6 +215,7 @@ func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {
 	v := []operatorapi.Worker{s.workerView(wk, s.now())}
 	s.withKeys(r.Context(), wk.Namespace, v)
 	s.withOutcomes(r.Context(), wk.Namespace, v, true)
+	s.withOpenExecs(r.Context(), wk.Namespace, v)
 	writeJSON(w, http.StatusOK, v[0])
 }
 
@@ -328,4 +331,20 @@ func (s *Server) handleListCommands(w http.ResponseWriter, r *http.Request) {
 		out = append(out, operatorapi.CommandInfo{ID: c.ID, Kind: c.Kind, State: c.State(), CreatedAt: c.CreatedAt})
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// withOpenExecs fills each view's OpenExecs with one grouped read; a
+// failed read leaves them 0 and is logged, like the other extras.
+func (s *Server) withOpenExecs(ctx context.Context, ns string, ws []operatorapi.Worker) {
+	if len(ws) == 0 {
+		return
+	}
+	open, err := s.st.OpenExecs(ctx, ns)
+	if err != nil {
+		s.log.Error().Err(err).Msg("count open execs")
+		return
+	}
+	for i := range ws {
+		ws[i].OpenExecs = open[ws[i].ID]
+	}
 }

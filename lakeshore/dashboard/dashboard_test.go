@@ -290,6 +290,9 @@ func TestCSRFOriginAndConfirmation(t *testing.T) {
 	expect(t, b.get("/execs?worker="+id), http.StatusOK, `data-exec="`+execID+`"`)
 	expect(t, b.get("/daemons/"+id), http.StatusOK, `data-exec="`+execID+`"`, "gpu=h100", "daemon 1.2.3")
 	expect(t, b.get("/execs?worker=a%20b"), http.StatusBadRequest, "worker")
+	// The queued exec is what the daemon runs now, on the fleet and on its page.
+	expect(t, b.get("/fleet"), http.StatusOK, `<a href="/execs?worker=`+id+`">1 exec</a>`)
+	expect(t, b.get("/daemons/"+id), http.StatusOK, "1 exec queued or running")
 
 	// Kill, confirmed, removes the row.
 	expectRedirect(t, b.post("/daemons/"+id+"/kill", url.Values{"confirm": {"yes"}}), "/fleet?did=kill")

@@ -69,7 +69,9 @@ type Worker struct {
 	Hibernating  *time.Time         `json:"hibernatingUntil,omitempty"`
 	SetupPending int                `json:"setupPending"`
 	Running      []InvocationStatus `json:"running"`
-	Keys         []KeyInfo          `json:"keys"`
+	// OpenExecs counts the shell execs queued for or running on it.
+	OpenExecs int       `json:"openExecs"`
+	Keys      []KeyInfo `json:"keys"`
 	// SingleJob: the daemon said in hello that it takes one job and exits
 	// (keep_alive_s = 0). SingleJobTaken: it has that job, handed over or
 	// queued for it, and is given no other; once handed over it polls no
