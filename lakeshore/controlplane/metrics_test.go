@@ -27,6 +27,7 @@ import (
 	"nymph/lakeshore/store/sqlite"
 	"nymph/messages"
 	"nymph/test/realparts"
+	"nymph/test/wait"
 )
 
 const testMetricsToken = "metrics-secret"
@@ -512,6 +513,9 @@ func TestMetricsReplicaNotificationLag(t *testing.T) {
 		return newEnv(t, withMetricsToken, func(c *Config) { c.Store, c.Notifier = db, db.Notifier() })
 	}
 	a, b := replica(), replica()
+	// Until a replica listens it answers parked polls from the store, not
+	// from a notification.
+	wait.For(t, 10*time.Second, "the replicas to listen", func() bool { return a.srv.caches.live.Load() && b.srv.caches.live.Load() })
 	before := a.scrape()
 	if before["lakeshore_replica_notification_lag_seconds"] == nil {
 		t.Fatal("a replica does not export the notification lag")
