@@ -70,13 +70,8 @@ func (d *Dashboard) handleExec(w http.ResponseWriter, r *http.Request, s store.S
 // Last-Event-ID, on a reconnect) until it finishes.
 func (d *Dashboard) handleExecLive(w http.ResponseWriter, r *http.Request, _ store.Session) {
 	id := r.PathValue("id")
-	from := r.Header.Get("Last-Event-ID")
-	if from == "" {
-		from = r.URL.Query().Get("offset")
-	}
-	offset, err := strconv.ParseInt(cmpOr(from, "0"), 10, 64)
-	if err != nil || offset < 0 {
-		http.Error(w, "offset must be a whole number", http.StatusBadRequest)
+	offset, ok := resumeAt(w, r, "offset")
+	if !ok {
 		return
 	}
 	// The first read answers a bad id with its status, before the stream.
@@ -175,13 +170,8 @@ func (d *Dashboard) handleInvocation(w http.ResponseWriter, r *http.Request, s s
 // run is over and all of it is sent.
 func (d *Dashboard) handleInvocationLive(w http.ResponseWriter, r *http.Request, _ store.Session) {
 	id := r.PathValue("id")
-	from := r.Header.Get("Last-Event-ID")
-	if from == "" {
-		from = r.URL.Query().Get("after")
-	}
-	after, err := strconv.ParseInt(cmpOr(from, "0"), 10, 64)
-	if err != nil || after < 0 {
-		http.Error(w, "after must be a whole number", http.StatusBadRequest)
+	after, ok := resumeAt(w, r, "after")
+	if !ok {
 		return
 	}
 	logs, err := d.api.InvocationLogs(r.Context(), id, after, 0, 0)
@@ -225,4 +215,20 @@ func streamRefused(w http.ResponseWriter, err error, msg string) {
 		status, msg = http.StatusBadGateway, "the control plane did not answer"
 	}
 	http.Error(w, msg, status)
+}
+
+// resumeAt is where a live stream starts: the browser's Last-Event-ID on
+// a reconnect, else the page's query parameter param; a bad one is a 400
+// naming it.
+func resumeAt(w http.ResponseWriter, r *http.Request, param string) (int64, bool) {
+	from := r.Header.Get("Last-Event-ID")
+	if from == "" {
+		from = r.URL.Query().Get(param)
+	}
+	n, err := strconv.ParseInt(cmpOr(from, "0"), 10, 64)
+	if err != nil || n < 0 {
+		http.Error(w, param+" must be a whole number", http.StatusBadRequest)
+		return 0, false
+	}
+	return n, true
 }
