@@ -171,9 +171,9 @@ cat <<MSG
     lakeshore daemon exec local 'for i in 1 2 3; do echo tick \$i; sleep 1; done'
     lakeshore run --queue default --runner echo --args-json '{"hello":"world"}' demo:echo
 
+  The README's tour goes on from there. Ctrl-C here stops both.
   The dashboard is at $url/ in a browser; log in with the admin token kept in
   $run/cp/admin-token (unless \$LAKESHORE_ADMIN_TOKEN set another).
-  The README's tour goes on from there. Ctrl-C here stops both.
 MSG
 
 wait -n "${pids[@]}" || true
