@@ -152,7 +152,10 @@ func payloadURLKey(adminToken string) []byte {
 // blobError turns a blob store refusal into the 4xx that names its field;
 // anything else is returned as it is.
 func blobError(err error) error {
+	var mbe *http.MaxBytesError
 	switch {
+	case errors.As(err, &mbe):
+		return badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
 	case errors.Is(err, blobs.ErrExpired):
 		return badField(http.StatusForbidden, "token", "%s; presign again", strings.TrimPrefix(err.Error(), "blobs: "))
 	case errors.Is(err, blobs.ErrDenied):
@@ -160,15 +163,7 @@ func blobError(err error) error {
 	case errors.Is(err, blobs.ErrChecksum):
 		return badField(http.StatusBadRequest, "sha256", "%s", strings.TrimPrefix(err.Error(), "blobs: "))
 	case errors.Is(err, blobs.ErrSize):
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
-		}
 		return badField(http.StatusBadRequest, "size", "%s", strings.TrimPrefix(err.Error(), "blobs: "))
-	}
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		return badField(http.StatusRequestEntityTooLarge, "body", "larger than the %d byte payload limit", messages.MaxPayload)
 	}
 	return err
 }
