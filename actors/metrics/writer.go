@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -21,10 +22,15 @@ type WriterDeps struct {
 	Jobs *sync.WaitGroup
 	// PropsOptions are added to the actor's props.
 	PropsOptions []actor.PropsOption
+
+	// gen numbers the writer's timers across its incarnations, so a tick
+	// that was already on its way when its timer was stopped is told from
+	// the current one.
+	gen atomic.Uint64
 }
 
-// tick is the writer's own timer message, sent every Interval.
-type tick struct{}
+// tick is the writer's own timer message, sent Interval after the last.
+type tick struct{ gen uint64 }
 
 // Props returns the props of the writer: it writes the file when it starts,
 // at every tick, and once more when it stops (the daemon's shutdown). The
@@ -39,19 +45,23 @@ func Props(d *WriterDeps) *actor.Props {
 
 type writer struct {
 	d      *WriterDeps
+	gen    uint64
 	cancel scheduler.CancelFunc
 }
 
 func (w *writer) Receive(ctx actor.Context) {
-	switch ctx.Message().(type) {
+	switch m := ctx.Message().(type) {
 	case *actor.Started:
-		every := max(w.d.Interval, time.Second)
-		w.cancel = scheduler.NewTimerScheduler(ctx).SendRepeatedly(every, every, ctx.Self(), &tick{})
+		w.arm(ctx)
 		// A new incarnation's first write waits for one under way (its
 		// previous incarnation's), so what changed since is not left to
 		// the next tick.
 		w.write(true)
 	case *tick:
+		if m.gen != w.gen {
+			return // from a timer stopped after it fired
+		}
+		w.arm(ctx)
 		w.write(false)
 	case *actor.Stopping:
 		w.stopTimer()
@@ -60,6 +70,15 @@ func (w *writer) Receive(ctx actor.Context) {
 	case *actor.Restarting:
 		w.stopTimer()
 	}
+}
+
+// arm sets the next tick. One-shot timers re-armed on each tick, as the
+// poller's are: protoactor's SendRepeatedly reads its state unguarded
+// while its cancel writes it, which the race detector reports when a
+// restart cancels one.
+func (w *writer) arm(ctx actor.Context) {
+	w.gen = w.d.gen.Add(1)
+	w.cancel = scheduler.NewTimerScheduler(ctx).SendOnce(max(w.d.Interval, time.Second), ctx.Self(), &tick{gen: w.gen})
 }
 
 func (w *writer) stopTimer() {
