@@ -91,7 +91,7 @@ echo $$ > "$run/run-local.pid"
 
 version="$(git describe --tags --always --dirty 2>/dev/null || echo dev)"
 echo "==> building lakeshore and nymph ($version)"
-CGO_ENABLED=0 go build -ldflags "-X nymph/buildinfo.Version=$version" -o "$bin/" ./cmd/lakeshore ./cmd/nymph
+CGO_ENABLED=0 go build -ldflags "-X nymph/buildinfo.Version=$version" -o "$bin/" ./cmd/lakeshore ./cmd/lakeshore-server ./cmd/nymph
 
 if [ ! -s "$run/daemon-token" ]; then
   head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$run/daemon-token"

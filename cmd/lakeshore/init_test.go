@@ -3,9 +3,10 @@ package main_test
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -19,13 +20,7 @@ const initBudget = 32 << 10
 var initLine = regexp.MustCompile(`(?m)^init (nymph/\S+) @\S+ ms, \S+ ms clock, (\d+) bytes, (\d+) allocs$`)
 
 func TestPackageInitsStaySmall(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "lakeshore")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "version")
+	cmd := exec.Command(cliBinary(t), "version")
 	cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -39,6 +34,42 @@ func TestPackageInitsStaySmall(t *testing.T) {
 		if n, _ := strconv.Atoi(m[2]); n > initBudget {
 			t.Errorf("package %s allocates %d bytes (%s allocs) at init, over the %d budget: defer that work to first use",
 				m[1], n, m[3], initBudget)
+		}
+	}
+}
+
+// serverOnly are packages only lakeshore-server may link: the control
+// plane, its stores and what they pull in. Linked into the CLI, their init
+// and their pages are paid by every one-shot verb (a `daemon exec` round
+// trip is measured against ssh).
+var serverOnly = []string{
+	"nymph/lakeshore/servecli",
+	"nymph/lakeshore/controlplane",
+	"nymph/lakeshore/dashboard",
+	"nymph/lakeshore/store",
+	"nymph/lakeshore/blobs",
+	"nymph/lakeshore/releases",
+	"nymph/lakeshore/providers",
+	"modernc.org/sqlite",
+	"github.com/jackc/pgx",
+	"github.com/aws/",
+	"github.com/prometheus/",
+}
+
+func TestTheCLILinksNoServerPackage(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, "nymph/lakeshore/cli") {
+		t.Fatalf("go list -deps names no nymph/lakeshore/cli: %v", deps)
+	}
+	for _, dep := range deps {
+		for _, p := range serverOnly {
+			if dep == p || strings.HasPrefix(dep, strings.TrimSuffix(p, "/")+"/") && dep != "nymph/lakeshore/providers/providerspec" {
+				t.Errorf("cmd/lakeshore links %s, which only lakeshore-server may (see lakeshore/servecli); `go mod why -m` or `go list -deps` shows the path", dep)
+			}
 		}
 	}
 }

@@ -181,20 +181,3 @@ func serverKey(raw string) (string, bool) {
 	}
 	return scheme + "://" + host + ":" + port, true
 }
-
-// localURL is how a client on this machine reaches a listener at addr:
-// an unspecified host (0.0.0.0, ::) becomes the matching loopback address.
-func localURL(addr net.Addr) string {
-	host, port, err := net.SplitHostPort(addr.String())
-	if err != nil {
-		return "http://" + addr.String()
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-		if ip.To4() != nil {
-			host = "127.0.0.1"
-		} else {
-			host = "::1"
-		}
-	}
-	return "http://" + net.JoinHostPort(host, port)
-}

@@ -17,6 +17,7 @@ import (
 	"nymph/lakeshore/cli"
 	"nymph/lakeshore/localdaemon"
 	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/servecli"
 	"nymph/messages"
 )
 
@@ -367,6 +368,9 @@ func runCLI(t *testing.T, o runOpts, env map[string]string, args ...string) resu
 		StderrTTY: o.stderrTTY,
 		Now:       time.Now,
 		Procs:     localdaemon.Scanner{Name: procName},
+		// The whole tree, as lakeshore-server has it: serve and blobs run
+		// in-process.
+		ServerVerbs: servecli.Verbs,
 	})
 	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
 }

@@ -33,7 +33,9 @@ func TestEveryVerbHasHelpAndExample(t *testing.T) {
 		if strings.TrimSpace(c.Example) == "" {
 			t.Errorf("%s: no example", path)
 		}
-		if !noJSON[path] && c.Flags().Lookup("json") == nil {
+		// A stand-in for a verb of lakeshore-server has that verb's flags
+		// there (servecli's own test walks them).
+		if !noJSON[path] && c.Annotations[annHandOff] == "" && c.Flags().Lookup("json") == nil {
 			t.Errorf("%s: no --json", path)
 		}
 	}

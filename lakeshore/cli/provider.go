@@ -13,7 +13,7 @@ import (
 
 	"nymph/lakeshore/opclient"
 	"nymph/lakeshore/operatorapi"
-	"nymph/lakeshore/providers"
+	"nymph/lakeshore/providers/providerspec"
 )
 
 func (a *app) providerCmd() *cobra.Command {
@@ -58,7 +58,7 @@ that. Each kind has its own subcommand and flags.`,
 }
 
 // providerAdd registers name with kind's settings and prints the result.
-func (a *app) providerAdd(kind providers.Kind, cfg any, noCheck, jsonOut *bool) func(*cobra.Command, []string) error {
+func (a *app) providerAdd(kind providerspec.Kind, cfg any, noCheck, jsonOut *bool) func(*cobra.Command, []string) error {
 	return a.withClient(func(ctx context.Context, c *opclient.Client, args []string) error {
 		raw, err := json.Marshal(cfg)
 		if err != nil {
@@ -85,7 +85,7 @@ func (a *app) providerAdd(kind providers.Kind, cfg any, noCheck, jsonOut *bool) 
 
 func (a *app) providerAddEC2Cmd() *cobra.Command {
 	var (
-		spec             providers.EC2Spec
+		spec             providerspec.EC2Spec
 		noCheck, jsonOut bool
 	)
 	cmd := &cobra.Command{
@@ -113,20 +113,20 @@ key_name, iam_instance_profile, availability_zone, spot and tags.
 	fs.StringVar(&spec.Endpoint, "endpoint", "", "EC2 API endpoint URL (default: the region's)")
 	fs.StringVar(&spec.Profile, "profile", "", "shared config profile of the serve process's credentials")
 	fs.StringVar(&spec.ImageID, "image-id", "", "AMI the machines boot (required)")
-	fs.StringVar(&spec.InstanceType, "instance-type", "", "instance type a launch gets unless its --capacity names one (none: "+providers.DefaultEC2InstanceType+")")
+	fs.StringVar(&spec.InstanceType, "instance-type", "", "instance type a launch gets unless its --capacity names one (none: "+providerspec.DefaultEC2InstanceType+")")
 	fs.StringVar(&spec.SubnetID, "subnet-id", "", "subnet to launch into")
 	fs.StringArrayVar(&spec.SecurityGroupIDs, "security-group-id", nil, "security group (repeatable)")
 	fs.StringVar(&spec.KeyName, "key-name", "", "EC2 key pair name")
 	fs.StringVar(&spec.IAMInstanceProfile, "iam-instance-profile", "", "IAM instance profile name or ARN")
 	fs.BoolVar(&noCheck, "no-check", false, "register without checking credentials and image")
 	fs.BoolVar(&jsonOut, "json", false, "print JSON")
-	cmd.RunE = a.providerAdd(providers.KindEC2, &spec, &noCheck, &jsonOut)
+	cmd.RunE = a.providerAdd(providerspec.KindEC2, &spec, &noCheck, &jsonOut)
 	return cmd
 }
 
 func (a *app) providerAddPodmanCmd() *cobra.Command {
 	var (
-		spec             providers.PodmanSpec
+		spec             providerspec.PodmanSpec
 		noCheck, jsonOut bool
 	)
 	cmd := &cobra.Command{
@@ -153,13 +153,13 @@ adds an argument to 'podman run' (repeatable).
 	fs.StringArrayVar(&spec.RunArgs, "run-arg", nil, "argument added to podman run (repeatable)")
 	fs.BoolVar(&noCheck, "no-check", false, "register without checking that the image exists")
 	fs.BoolVar(&jsonOut, "json", false, "print JSON")
-	cmd.RunE = a.providerAdd(providers.KindPodman, &spec, &noCheck, &jsonOut)
+	cmd.RunE = a.providerAdd(providerspec.KindPodman, &spec, &noCheck, &jsonOut)
 	return cmd
 }
 
 func (a *app) providerAddScriptCmd() *cobra.Command {
 	var (
-		spec             providers.ScriptSpec
+		spec             providerspec.ScriptSpec
 		noCheck, jsonOut bool
 	)
 	cmd := &cobra.Command{
@@ -172,7 +172,7 @@ func (a *app) providerAddScriptCmd() *cobra.Command {
 with a JSON request on standard input, and reads a JSON answer on standard
 output.
 
-` + providers.ScriptProtocol + `
+` + providerspec.ScriptProtocol + `
 
 --json prints the provider as stored.`,
 		Example: `  lakeshore provider add script gcp --command /opt/launchers/gcloud-launcher`,
@@ -182,7 +182,7 @@ output.
 	fs.StringVar(&spec.Command, "command", "", "the launcher executable (required; a relative path is made absolute)")
 	fs.BoolVar(&noCheck, "no-check", false, "register without checking that the command exists")
 	fs.BoolVar(&jsonOut, "json", false, "print JSON")
-	run := a.providerAdd(providers.KindScript, &spec, &noCheck, &jsonOut)
+	run := a.providerAdd(providerspec.KindScript, &spec, &noCheck, &jsonOut)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		// The control plane runs it from its own directory.
 		if spec.Command != "" && !filepath.IsAbs(spec.Command) && strings.ContainsRune(spec.Command, filepath.Separator) {
@@ -241,15 +241,15 @@ func providerSummary(p operatorapi.Provider) string {
 	_ = json.Unmarshal(p.Config, &cfg)
 	get := func(k string) string { s, _ := cfg[k].(string); return s }
 	switch p.Kind {
-	case string(providers.KindEC2):
+	case string(providerspec.KindEC2):
 		s := get("image_id") + " in " + get("region")
 		if t := get("instance_type"); t != "" {
 			s = t + " " + s
 		}
 		return s
-	case string(providers.KindPodman):
+	case string(providerspec.KindPodman):
 		return get("image")
-	case string(providers.KindScript):
+	case string(providerspec.KindScript):
 		return get("command")
 	}
 	return "-"

@@ -31,6 +31,13 @@ type Env struct {
 	Now                            func() time.Time
 	// Procs finds and stops local daemons (daemon status / stop).
 	Procs localdaemon.Scanner
+	// ServerVerbs builds the verbs that run the control plane itself
+	// (serve, blobs; package servecli). Only lakeshore-server links them;
+	// when nil, those verbs are handed to it through Exec.
+	ServerVerbs func(Host) []*cobra.Command
+	// Exec replaces the process with another program (SystemExec); nil
+	// means it cannot, and a verb only lakeshore-server has fails.
+	Exec func(path string, argv, envv []string) error
 }
 
 // SystemEnv is the real process environment.
@@ -44,6 +51,7 @@ func SystemEnv() Env {
 		StdoutTTY: isTerminal(os.Stdout),
 		StderrTTY: isTerminal(os.Stderr),
 		Now:       time.Now,
+		Exec:      SystemExec,
 	}
 }
 
@@ -53,7 +61,10 @@ func isTerminal(f *os.File) bool {
 
 // app holds the global flags and the environment of one run.
 type app struct {
-	env        Env
+	env Env
+	// args is the command line (without the program name), for a verb
+	// handed to lakeshore-server whole.
+	args       []string
 	server     string
 	adminToken string
 	namespace  string
@@ -85,7 +96,10 @@ func Main(ctx context.Context, args []string, env Env) int {
 	if env.Stderr == nil {
 		env.Stderr = io.Discard
 	}
-	a := &app{env: env}
+	a := &app{env: env, args: args}
+	if a.handsOff(args) {
+		return a.finish(ctx, nil, a.handOff())
+	}
 	root := a.execTree(args)
 	if root == nil {
 		root = a.rootCmd()
@@ -145,7 +159,6 @@ func (a *app) printErr(err error) {
 func (a *app) rootCmd() *cobra.Command {
 	root := a.rootGroup()
 	root.AddCommand(
-		a.serveCmd(),
 		a.tokenCmd(),
 		a.daemonCmd(),
 		a.queueExecCmd(),
@@ -153,8 +166,8 @@ func (a *app) rootCmd() *cobra.Command {
 		a.versionCmd(),
 		a.releaseCmd(), a.queueCmd(), a.providerCmd(),
 		a.runCmd(), a.invocationsCmd(),
-		a.blobsCmd(),
 	)
+	root.AddCommand(a.serverCmds()...)
 	return root
 }
 

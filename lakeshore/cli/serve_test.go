@@ -16,6 +16,7 @@ import (
 
 	"nymph/lakeshore/cli"
 	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/servecli"
 	"nymph/messages"
 )
 
@@ -273,7 +274,7 @@ func TestServeRefusesABadMetricsAddr(t *testing.T) {
 func TestServeMetricsToken(t *testing.T) {
 	dir := t.TempDir()
 	creds := filepath.Join(dir, "credentials.json")
-	env := map[string]string{cli.EnvCredentials: creds, cli.EnvMetricsToken: "scrape-me", "HOME": dir}
+	env := map[string]string{cli.EnvCredentials: creds, servecli.EnvMetricsToken: "scrape-me", "HOME": dir}
 	_, stop := startServe(t, env, "--data", filepath.Join(dir, "data"))
 	defer stop()
 	c, err := cli.ReadCredentials(creds)

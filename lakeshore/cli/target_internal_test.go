@@ -2,7 +2,6 @@ package cli
 
 import (
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -123,24 +122,6 @@ func TestWriteCredentialsCreatesPrivateDir(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Dir(p))
 	if len(entries) != 1 {
 		t.Fatalf("temp files left behind: %v", entries)
-	}
-}
-
-func TestLocalURL(t *testing.T) {
-	cases := map[string]string{
-		"0.0.0.0:7700":  "http://127.0.0.1:7700",
-		"[::]:7700":     "http://[::1]:7700",
-		"127.0.0.1:9":   "http://127.0.0.1:9",
-		"10.1.2.3:7700": "http://10.1.2.3:7700",
-	}
-	for in, want := range cases {
-		addr, err := net.ResolveTCPAddr("tcp", in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := localURL(addr); got != want {
-			t.Errorf("localURL(%s) = %s, want %s", in, got, want)
-		}
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"nymph/lakeshore/cli"
 	"nymph/lakeshore/controlplane"
 	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/servecli"
 	"nymph/messages"
 )
 
@@ -51,7 +52,7 @@ func newRealCP(t *testing.T, opts ...func(*controlplane.Config)) *realCP {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if err := cli.OpenStores(context.Background(), &cfg, ""); err != nil {
+	if err := servecli.OpenStores(context.Background(), &cfg, ""); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := controlplane.New(context.Background(), cfg)

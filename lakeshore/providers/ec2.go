@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -24,12 +23,13 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/rs/zerolog"
+
+	"nymph/lakeshore/providers/providerspec"
 )
 
 // DefaultEC2InstanceType is the instance type of a launch when neither the
-// provider (--instance-type) nor the launch's capacity names one: small
-// and offered in every region.
-const DefaultEC2InstanceType = "t3.micro"
+// provider nor the launch's capacity names one.
+const DefaultEC2InstanceType = providerspec.DefaultEC2InstanceType
 
 // EC2 tag keys the launcher sets on every instance, so an operator (or a
 // later cleanup) can match an instance in the console to its Worker row.
@@ -68,131 +68,12 @@ type EC2 struct {
 
 var _ Launcher = (*EC2)(nil)
 
-// Shapes of the ids EC2 uses. They are checked so that a typo is an error
-// naming the flag at `provider add`, not an API error at the first launch.
-// The patterns compile on first use: counted repetitions ({1,512}) make
-// programs of hundreds of kilobytes, and every run of the lakeshore
-// binary (a one-shot CLI verb too) would otherwise pay for them at start.
+// Shapes of the ids only a launch checks (the provider's settings are
+// checked in providerspec). They compile on first use, as there.
 var (
-	ec2RegionRE          = lazyRE(`^[A-Za-z0-9][A-Za-z0-9-]{0,63}$`)
-	ec2ImageIDRE         = lazyRE(`^ami-[0-9a-f]{8,17}$`)
-	ec2InstanceTypeRE    = lazyRE(`^[a-z0-9][a-z0-9-]*\.[a-z0-9][a-z0-9-]*$`)
-	ec2SubnetIDRE        = lazyRE(`^subnet-[0-9a-f]{8,17}$`)
-	ec2SecurityGroupIDRE = lazyRE(`^sg-[0-9a-f]{8,17}$`)
-	ec2InstanceIDRE      = lazyRE(`^i-[0-9a-f]{8,17}$`)
-	// An instance profile is named by its name or its ARN (IAM's name
-	// alphabet; an ARN carries a path).
-	ec2ProfileNameRE = lazyRE(`^[\w+=,.@-]{1,128}$`)
-	ec2ProfileARNRE  = lazyRE(`^arn:[a-z-]+:iam::[0-9]{12}:instance-profile/[\w+=,.@/-]{1,512}$`)
-	ec2AZRE          = lazyRE(`^[a-z]{2}(-[a-z]+)+-[0-9]+[a-z]$`)
+	ec2InstanceIDRE = lazyRE(`^i-[0-9a-f]{8,17}$`)
+	ec2AZRE         = lazyRE(`^[a-z]{2}(-[a-z]+)+-[0-9]+[a-z]$`)
 )
-
-// Validate checks an ec2 provider's description; each problem is named by
-// the `provider add ec2` flag that sets it.
-func (s EC2Spec) Validate() error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	switch {
-	case s.Region == "":
-		bad("--region: required (e.g. us-east-1)")
-	case !ec2RegionRE().MatchString(s.Region):
-		bad("--region: %q is not a region name (e.g. us-east-1)", s.Region)
-	}
-	if s.Endpoint != "" {
-		if err := ec2CheckEndpoint(s.Endpoint); err != nil {
-			bad("--endpoint: %v", err)
-		}
-	}
-	if s.Profile != "" && (strings.TrimSpace(s.Profile) != s.Profile || strings.ContainsAny(s.Profile, "[]\r\n\t") || len(s.Profile) > 128) {
-		bad("--profile: %q is not a profile name of the shared AWS config", s.Profile)
-	}
-	if s.ImageID == "" {
-		bad("--image-id: required (an AMI id of the region, ami-...)")
-	} else if err := ec2CheckImageID(s.ImageID); err != nil {
-		bad("--image-id: %v", err)
-	}
-	if s.InstanceType != "" {
-		if err := ec2CheckInstanceType(s.InstanceType); err != nil {
-			bad("--instance-type: %v", err)
-		}
-	}
-	if s.SubnetID != "" {
-		if err := ec2CheckSubnetID(s.SubnetID); err != nil {
-			bad("--subnet-id: %v", err)
-		}
-	}
-	for _, g := range s.SecurityGroupIDs {
-		if err := ec2CheckSecurityGroupID(g); err != nil {
-			bad("--security-group-id: %v", err)
-		}
-	}
-	if s.KeyName != "" {
-		if err := ec2CheckKeyName(s.KeyName); err != nil {
-			bad("--key-name: %v", err)
-		}
-	}
-	if s.IAMInstanceProfile != "" {
-		if err := ec2CheckInstanceProfile(s.IAMInstanceProfile); err != nil {
-			bad("--iam-instance-profile: %v", err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func ec2CheckEndpoint(s string) error {
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%q is not an http(s) URL of an EC2-compatible API (e.g. http://127.0.0.1:5000)", s)
-	}
-	return nil
-}
-
-func ec2CheckImageID(s string) error {
-	if !ec2ImageIDRE().MatchString(s) {
-		return fmt.Errorf("%q is not an AMI id (ami- and 8 or 17 hex digits)", s)
-	}
-	return nil
-}
-
-func ec2CheckInstanceType(s string) error {
-	if !ec2InstanceTypeRE().MatchString(s) {
-		return fmt.Errorf("%q is not an instance type (e.g. t3.micro)", s)
-	}
-	return nil
-}
-
-func ec2CheckSubnetID(s string) error {
-	if !ec2SubnetIDRE().MatchString(s) {
-		return fmt.Errorf("%q is not a subnet id (subnet-...)", s)
-	}
-	return nil
-}
-
-func ec2CheckSecurityGroupID(s string) error {
-	if !ec2SecurityGroupIDRE().MatchString(s) {
-		return fmt.Errorf("%q is not a security group id (sg-...; a group's name will not do)", s)
-	}
-	return nil
-}
-
-func ec2CheckKeyName(s string) error {
-	if len(s) > 255 || strings.TrimSpace(s) != s {
-		return fmt.Errorf("%q is not a key pair name", s)
-	}
-	for _, r := range s {
-		if r < 0x20 || r > 0x7e {
-			return fmt.Errorf("%q is not a key pair name (printable ASCII only)", s)
-		}
-	}
-	return nil
-}
-
-func ec2CheckInstanceProfile(s string) error {
-	if !ec2ProfileNameRE().MatchString(s) && !ec2ProfileARNRE().MatchString(s) {
-		return fmt.Errorf("%q is neither an instance profile name nor its ARN", s)
-	}
-	return nil
-}
 
 // NewEC2 returns the launcher of the ec2 provider name. It loads the AWS
 // configuration of this process (environment, shared config and
@@ -346,15 +227,15 @@ func (e *EC2) launchParams(capacity []byte) (ec2Launch, error) {
 		var err error
 		switch key {
 		case "instance_type":
-			p.InstanceType, err = str(key, raw, ec2CheckInstanceType)
+			p.InstanceType, err = str(key, raw, providerspec.CheckEC2InstanceType)
 		case "image_id":
-			p.ImageID, err = str(key, raw, ec2CheckImageID)
+			p.ImageID, err = str(key, raw, providerspec.CheckEC2ImageID)
 		case "subnet_id":
-			p.SubnetID, err = str(key, raw, ec2CheckSubnetID)
+			p.SubnetID, err = str(key, raw, providerspec.CheckEC2SubnetID)
 		case "key_name":
-			p.KeyName, err = str(key, raw, ec2CheckKeyName)
+			p.KeyName, err = str(key, raw, providerspec.CheckEC2KeyName)
 		case "iam_instance_profile":
-			p.IAMInstanceProfile, err = str(key, raw, ec2CheckInstanceProfile)
+			p.IAMInstanceProfile, err = str(key, raw, providerspec.CheckEC2InstanceProfile)
 		case "availability_zone":
 			p.AvailabilityZone, err = str(key, raw, func(s string) error {
 				if !ec2AZRE().MatchString(s) {
@@ -369,7 +250,7 @@ func (e *EC2) launchParams(capacity []byte) (ec2Launch, error) {
 				break
 			}
 			for _, g := range v {
-				if cerr := ec2CheckSecurityGroupID(g); cerr != nil {
+				if cerr := providerspec.CheckEC2SecurityGroupID(g); cerr != nil {
 					err = fmt.Errorf("--capacity: %s: %w", key, cerr)
 					break
 				}

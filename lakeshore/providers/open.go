@@ -2,35 +2,11 @@ package providers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 
 	"github.com/rs/zerolog"
 )
-
-// Validate checks that s names a kind and carries that kind's settings,
-// valid; the error names the flag to fix.
-func (s Spec) Validate() error {
-	switch s.Kind {
-	case KindEC2:
-		if s.EC2 == nil {
-			return errors.New("ec2 provider without ec2 settings")
-		}
-		return s.EC2.Validate()
-	case KindPodman:
-		if s.Podman == nil {
-			return errors.New("podman provider without podman settings")
-		}
-		return s.Podman.Validate()
-	case KindScript:
-		if s.Script == nil {
-			return errors.New("script provider without script settings")
-		}
-		return s.Script.Validate()
-	}
-	return fmt.Errorf("unknown provider kind %q: use ec2, podman or script", s.Kind)
-}
 
 // Open validates spec and returns its launcher. dir is a private
 // directory for the launcher's files ("" makes one under the system's

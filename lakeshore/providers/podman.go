@@ -52,25 +52,6 @@ var containerName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`)
 // containerID is the full id `podman run --detach` prints.
 var containerID = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
-// Validate checks a podman provider's description; each error names the
-// `provider add podman` flag at fault.
-func (s PodmanSpec) Validate() error {
-	switch {
-	case strings.TrimSpace(s.Image) == "":
-		return errors.New("--image is required: the image every daemon's container runs")
-	case strings.HasPrefix(s.Image, "-") || strings.ContainsAny(s.Image, " \t\n"):
-		return fmt.Errorf("--image %q is not an image name", s.Image)
-	case s.CLI != "" && len(strings.Fields(s.CLI)) == 0:
-		return errors.New("--cli is blank: give the podman command (default podman)")
-	}
-	for _, a := range s.RunArgs {
-		if strings.TrimSpace(a) == "" {
-			return errors.New("--run-arg must not be empty")
-		}
-	}
-	return nil
-}
-
 // Podman launches each daemon as a detached container on this host: the
 // provider's image on the host network, named lakeshore-<worker id>,
 // labelled lakeshore.worker=<worker id> and lakeshore.name=<daemon name>,

@@ -16,58 +16,26 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+
+	"nymph/lakeshore/providers/providerspec"
 )
 
-// Kind names a provider implementation.
-type Kind string
+// The settings types live in providerspec, which links no provider's SDK,
+// so the operator CLI can bind them to its flags.
+type (
+	Kind       = providerspec.Kind
+	Spec       = providerspec.Spec
+	EC2Spec    = providerspec.EC2Spec
+	PodmanSpec = providerspec.PodmanSpec
+	ScriptSpec = providerspec.ScriptSpec
+)
 
 // The provider kinds.
 const (
-	KindEC2    Kind = "ec2"
-	KindPodman Kind = "podman"
-	KindScript Kind = "script"
+	KindEC2    = providerspec.KindEC2
+	KindPodman = providerspec.KindPodman
+	KindScript = providerspec.KindScript
 )
-
-// Spec is one registered provider, as the control plane stores it (JSON)
-// and `lakeshore provider show` prints it. It holds no credential: ec2
-// reads the serve process's AWS credential chain (Profile names a shared
-// config profile, not a secret).
-type Spec struct {
-	Name   string      `json:"name"`
-	Kind   Kind        `json:"kind"`
-	EC2    *EC2Spec    `json:"ec2,omitempty"`
-	Podman *PodmanSpec `json:"podman,omitempty"`
-	Script *ScriptSpec `json:"script,omitempty"`
-}
-
-// EC2Spec is an ec2 provider's defaults; a launch's capacity object may
-// override InstanceType and friends (see the ec2 launcher).
-type EC2Spec struct {
-	Region             string   `json:"region"`
-	Endpoint           string   `json:"endpoint,omitempty"`
-	Profile            string   `json:"profile,omitempty"`
-	ImageID            string   `json:"image_id"`
-	InstanceType       string   `json:"instance_type,omitempty"`
-	SubnetID           string   `json:"subnet_id,omitempty"`
-	SecurityGroupIDs   []string `json:"security_group_ids,omitempty"`
-	KeyName            string   `json:"key_name,omitempty"`
-	IAMInstanceProfile string   `json:"iam_instance_profile,omitempty"`
-}
-
-// PodmanSpec is a podman provider: every daemon is a container of Image on
-// this host (host network), run by CLI (default "podman") with RunArgs
-// added to `run`.
-type PodmanSpec struct {
-	Image   string   `json:"image"`
-	CLI     string   `json:"cli,omitempty"`
-	RunArgs []string `json:"run_args,omitempty"`
-}
-
-// ScriptSpec is a script provider: Command is run as
-// `Command launch|terminate|console-log`.
-type ScriptSpec struct {
-	Command string `json:"command"`
-}
 
 // LaunchRequest is one instance to start.
 type LaunchRequest struct {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"nymph/lakeshore/providers/providerspec"
+
 	"nymph/backoff"
 	"nymph/runners/procgroup"
 )
@@ -49,53 +51,8 @@ const (
 )
 
 // ScriptProtocol is the contract between the control plane and a script
-// provider's command, as `lakeshore provider add script --help` prints it.
-const ScriptProtocol = `The control plane runs COMMAND (as the user running lakeshore serve, with
-its environment) with one argument, the operation, writes one JSON request
-to its stdin and reads one JSON object from its stdout:
-
-  COMMAND launch
-    stdin:  {"version":1, "worker_id":"...", "name":"...",
-             "bootstrap":"#!/bin/bash ...", "capacity":{...} or null}
-    stdout: {"instance_id":"..."}
-  COMMAND terminate
-    stdin:  {"version":1, "instance_id":"..."}
-    stdout: {}                        (an instance already gone is success)
-  COMMAND console-log
-    stdin:  {"version":1, "instance_id":"...", "latest":true}
-    stdout: {"output":"..."}          or {"gone":true} for an unknown instance
-
-launch starts one machine that runs "bootstrap" as root on its first boot
-(user data, a startup script); the script carries the daemon's token, so
-keep it off command lines and out of logs. "worker_id" is the daemon's id:
-tag the machine with it. "name" is the daemon's name, "capacity" the
---capacity object of daemon launch, verbatim. "instance_id" is your name for
-the machine; terminate and console-log get it back. "latest":false asks for
-the whole console rather than its most recent part. Unknown request fields
-are to be ignored; answer fields other than these are ignored.
-
-Exit 0 with the answer on stdout. Exit 75 means throttled: the call is made
-again after a backoff (1 s, doubling up to 30 s, with jitter) until the
-launch is given up. Any other exit status is a failure, reported with the
-last 4 KiB of stderr. A launch may run 5 minutes and the other calls 1
-minute; then the command's process group gets SIGTERM, and SIGKILL 5 s
-later. Launches of one daemon launch run concurrently (--concurrency).
-`
-
-// Validate checks a script provider's description; errors name the
-// `provider add script` flag.
-func (s ScriptSpec) Validate() error {
-	c := strings.TrimSpace(s.Command)
-	switch {
-	case c == "":
-		return errors.New("--command is required: the executable the control plane runs as COMMAND launch|terminate|console-log")
-	case c != s.Command:
-		return fmt.Errorf("--command %q has surrounding spaces", s.Command)
-	case strings.Contains(c, "/") && !strings.HasPrefix(c, "/"):
-		return fmt.Errorf("--command %s must be an absolute path, or a name on the PATH of lakeshore serve: the control plane runs it, from its own directory", c)
-	}
-	return nil
-}
+// provider's command.
+const ScriptProtocol = providerspec.ScriptProtocol
 
 // Script is the script launcher: every call runs the provider's command
 // as ScriptProtocol describes, in a process group of its own that is

@@ -69,10 +69,11 @@ func Binaries(t testing.TB) Bins {
 	return Bins{Lakeshore: filepath.Join(buildDir, "lakeshore"), Nymph: filepath.Join(buildDir, "nymph")}
 }
 
-// BuildVersion builds both binaries into dir, stamped with version.
+// BuildVersion builds the binaries into dir (lakeshore hands serve to
+// lakeshore-server beside it), stamped with version.
 func BuildVersion(root, dir, version string) error {
 	ldflags := "-X nymph/buildinfo.Version=" + version
-	cmd := exec.Command("go", "build", "-ldflags", ldflags, "-o", dir+"/", "./cmd/lakeshore", "./cmd/nymph")
+	cmd := exec.Command("go", "build", "-ldflags", ldflags, "-o", dir+"/", "./cmd/lakeshore", "./cmd/lakeshore-server", "./cmd/nymph")
 	cmd.Dir = root
 	// Static, as make build makes them.
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -1,4 +1,4 @@
-package cli
+package servecli
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"nymph/lakeshore/blobs"
+	"nymph/lakeshore/cli"
 	"nymph/lakeshore/releases"
 )
 
@@ -35,7 +36,7 @@ replicas behind a load balancer share). 'lakeshore blobs migrate' copies a
 data directory's blobs into a bucket before the switch.`,
 		Example: `  lakeshore blobs migrate --from local:/var/lib/lakeshore --to s3://lakeshore-blobs/prod`,
 		Args:    cobra.ArbitraryArgs,
-		RunE:    groupRun,
+		RunE:    cli.GroupRun,
 	}
 	cmd.AddCommand(a.blobsMigrateCmd())
 	return cmd
@@ -96,11 +97,11 @@ Credentials come from the standard AWS chain (environment, shared config and
 credentials files, instance role). --endpoint points at another S3-compatible
 service (MinIO, Cloudflare R2).
 
-` + ExitCodeHelp,
+` + cli.ExitCodeHelp,
 		Example: `  lakeshore blobs migrate --from local:/var/lib/lakeshore --to s3://lakeshore-blobs/prod
   lakeshore blobs migrate --from local:$HOME/.local/share/lakeshore --to s3://blobs --dry-run
   lakeshore blobs migrate --from local:./data --to s3://blobs/cp --endpoint http://127.0.0.1:9000 --region us-east-1 --json`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dir, err := migrateSource(o.from)
 			if err != nil {
@@ -112,7 +113,7 @@ service (MinIO, Cloudflare R2).
 			}
 			if o.endpoint != "" {
 				if u, err := url.Parse(o.endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-					return usagef("--endpoint %q: want the S3 service's http:// or https:// URL, e.g. --endpoint http://127.0.0.1:9000", o.endpoint)
+					return cli.Usagef("--endpoint %q: want the S3 service's http:// or https:// URL, e.g. --endpoint http://127.0.0.1:9000", o.endpoint)
 				}
 			}
 			cfg.Endpoint, cfg.Region = o.endpoint, o.region
@@ -132,18 +133,18 @@ service (MinIO, Cloudflare R2).
 // migrateSource checks --from and returns the data directory it names.
 func migrateSource(from string) (string, error) {
 	if from == "" {
-		return "", usagef("--from is required: the data directory to copy, e.g. --from local:/var/lib/lakeshore")
+		return "", cli.Usagef("--from is required: the data directory to copy, e.g. --from local:/var/lib/lakeshore")
 	}
 	dir, ok := strings.CutPrefix(from, "local:")
 	if !ok || dir == "" {
-		return "", usagef("--from %q: want local:DIR, DIR being the data directory of 'lakeshore serve --data', e.g. --from local:/var/lib/lakeshore", from)
+		return "", cli.Usagef("--from %q: want local:DIR, DIR being the data directory of 'lakeshore serve --data', e.g. --from local:/var/lib/lakeshore", from)
 	}
 	isDir := func(p string) bool {
 		st, err := os.Stat(p)
 		return err == nil && st.IsDir()
 	}
 	if !isDir(filepath.Join(dir, strings.TrimSuffix(payloadsPrefix, "/"))) && !isDir(filepath.Join(dir, releasesDir)) {
-		return "", usagef("--from %q: %s is not a data directory of lakeshore serve (it has neither payloads/ nor releases/); give the directory 'lakeshore serve --data' uses", from, dir)
+		return "", cli.Usagef("--from %q: %s is not a data directory of lakeshore serve (it has neither payloads/ nor releases/); give the directory 'lakeshore serve --data' uses", from, dir)
 	}
 	return dir, nil
 }
@@ -151,14 +152,14 @@ func migrateSource(from string) (string, error) {
 // migrateTarget checks --to and returns the bucket it names.
 func migrateTarget(to string) (blobs.S3Config, error) {
 	if to == "" {
-		return blobs.S3Config{}, usagef("--to is required: the bucket to copy into, e.g. --to s3://lakeshore-blobs/prod")
+		return blobs.S3Config{}, cli.Usagef("--to is required: the bucket to copy into, e.g. --to s3://lakeshore-blobs/prod")
 	}
 	if !strings.HasPrefix(to, "s3://") {
-		return blobs.S3Config{}, usagef("--to %q: want s3://BUCKET[/PREFIX], e.g. --to s3://lakeshore-blobs/prod (the value 'lakeshore serve --blobs' will be given)", to)
+		return blobs.S3Config{}, cli.Usagef("--to %q: want s3://BUCKET[/PREFIX], e.g. --to s3://lakeshore-blobs/prod (the value 'lakeshore serve --blobs' will be given)", to)
 	}
 	bucket, prefix, err := blobs.ParseS3URL(to)
 	if err != nil {
-		return blobs.S3Config{}, usagef("--to: %v; e.g. --to s3://lakeshore-blobs/prod", err)
+		return blobs.S3Config{}, cli.Usagef("--to: %v; e.g. --to s3://lakeshore-blobs/prod", err)
 	}
 	return blobs.S3Config{Bucket: bucket, Prefix: prefix}, nil
 }
@@ -258,7 +259,7 @@ func (m *migrator) payload(ctx context.Context, in blobs.Info) (what string, n i
 		return "", 0, fmt.Errorf("look it up in %s: %w", m.dst, err)
 	}
 	if m.dryRun {
-		return "would copy (" + byteSize(in.Size) + ")", in.Size, nil
+		return "would copy (" + cli.ByteSize(in.Size) + ")", in.Size, nil
 	}
 	rc, info, err := m.src.Open(ctx, in.Key)
 	if err != nil {
@@ -278,7 +279,7 @@ func (m *migrator) payload(ctx context.Context, in blobs.Info) (what string, n i
 		_ = m.dst.Delete(ctx, in.Key)
 		return "", 0, fmt.Errorf("verify the copy: %w", err)
 	}
-	return "copied (" + byteSize(info.Size) + ")", info.Size, nil
+	return "copied (" + cli.ByteSize(info.Size) + ")", info.Size, nil
 }
 
 func (m *migrator) verifyPayload(ctx context.Context, want blobs.Info) error {
@@ -358,7 +359,7 @@ func (m *migrator) release(ctx context.Context, from *releases.Store, to *releas
 		return "", 0, fmt.Errorf("look it up in %s: %w", m.dst, err)
 	}
 	if m.dryRun {
-		return "would copy (" + byteSize(rel.Size) + ")", rel.Size, nil
+		return "would copy (" + cli.ByteSize(rel.Size) + ")", rel.Size, nil
 	}
 	rc, rel, err := from.Open(ctx, rel.Version, rel.Triple)
 	if err != nil {
@@ -374,7 +375,7 @@ func (m *migrator) release(ctx context.Context, from *releases.Store, to *releas
 	if got, err := to.GetContext(ctx, rel.Version, rel.Triple); err != nil || got.SHA256 != rel.SHA256 {
 		return "", 0, fmt.Errorf("verify the copy: the sidecar reads back as %q (%v), want %s", got.SHA256, err, rel.SHA256)
 	}
-	return "copied (" + byteSize(rel.Size) + ")", rel.Size, nil
+	return "copied (" + cli.ByteSize(rel.Size) + ")", rel.Size, nil
 }
 
 // report prints the summary and fails the command, naming every failure,
@@ -383,7 +384,7 @@ func (m *migrator) report() error {
 	s := m.summary
 	var err error
 	if m.jsonOut {
-		err = writeJSON(m.a.env.Stdout, s)
+		err = cli.WriteJSON(m.a.env.Stdout, s)
 	} else {
 		err = m.printSummary()
 	}
@@ -397,7 +398,7 @@ func (m *migrator) report() error {
 	for i, f := range s.Failures {
 		msgs[i] = f.Key + ": " + f.Error
 	}
-	return exitWith(ExitError, fmt.Errorf("%d blob(s) failed to migrate to %s, and were not copied:\n  %s", len(s.Failures), s.To, strings.Join(msgs, "\n  ")))
+	return cli.ExitWith(cli.ExitError, fmt.Errorf("%d blob(s) failed to migrate to %s, and were not copied:\n  %s", len(s.Failures), s.To, strings.Join(msgs, "\n  ")))
 }
 
 func (m *migrator) printSummary() error {
@@ -411,7 +412,7 @@ func (m *migrator) printSummary() error {
 		name string
 		c    migrateCount
 	}{{"payloads", s.Payloads}, {"releases", s.Releases}} {
-		if _, err := fmt.Fprintf(w, "%s: %d %s (%s), %d skipped (already there), %d failed\n", k.name, k.c.Copied, verb, byteSize(k.c.Bytes), k.c.Skipped, k.c.Failed); err != nil {
+		if _, err := fmt.Fprintf(w, "%s: %d %s (%s), %d skipped (already there), %d failed\n", k.name, k.c.Copied, verb, cli.ByteSize(k.c.Bytes), k.c.Skipped, k.c.Failed); err != nil {
 			return err
 		}
 	}

@@ -1,10 +1,11 @@
-package cli
+package servecli
 
 import (
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"nymph/lakeshore/cli"
 	"nymph/lakeshore/controlplane"
 )
 
@@ -43,14 +44,14 @@ func (o *edgeOpts) apply(cfg *controlplane.Config) error {
 		{"--write-timeout", o.limits.WriteTimeout},
 	} {
 		if f.v <= 0 {
-			return usagef("%s %v: must be a positive duration, such as 30s", f.name, f.v)
+			return cli.Usagef("%s %v: must be a positive duration, such as 30s", f.name, f.v)
 		}
 	}
 	if o.limits.BodyMinRate <= 0 {
-		return usagef("--body-min-rate %d: must be a positive number of bytes per second", o.limits.BodyMinRate)
+		return cli.Usagef("--body-min-rate %d: must be a positive number of bytes per second", o.limits.BodyMinRate)
 	}
 	if o.maxConnsPerIP < 0 {
-		return usagef("--max-conns-per-ip %d: must be 0 (no cap) or more", o.maxConnsPerIP)
+		return cli.Usagef("--max-conns-per-ip %d: must be 0 (no cap) or more", o.maxConnsPerIP)
 	}
 	cfg.Limits, cfg.MaxConnsPerIP = o.limits, o.maxConnsPerIP
 	return nil

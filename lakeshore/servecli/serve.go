@@ -1,4 +1,4 @@
-package cli
+package servecli
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"nymph/lakeshore/blobs"
+	"nymph/lakeshore/cli"
 
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
@@ -174,7 +175,7 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
   LAKESHORE_ADMIN_TOKEN=$(cat admin-token) lakeshore serve --store postgres://lakeshore@db.internal/lakeshore \
       --blobs s3://fleet-blobs/lakeshore --blobs-region eu-west-1     # a replica: state and blobs shared
   lakeshore serve --blobs s3://blobs/cp --blobs-endpoint https://ACCOUNT.r2.cloudflarestorage.com --blobs-region auto`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.lostAfterSet = cmd.Flags().Changed("lost-after")
 			return a.serve(cmd.Context(), o)
@@ -185,7 +186,7 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 	fs.StringVar(&o.dataDir, "data", a.env.Getenv(EnvDataDir), "data directory (env "+EnvDataDir+"; default $XDG_DATA_HOME/lakeshore or ~/.local/share/lakeshore)")
 	fs.StringVar(&o.store, "store", a.env.Getenv(EnvStore), "where state lives: sqlite (the file in --data, the default) or a postgres:// URL shared by replicas (env "+EnvStore+")")
 	fs.StringVar(&o.publicURL, "public-url", a.env.Getenv(EnvPublicURL), "URL daemons use to reach this control plane (env "+EnvPublicURL+")")
-	fs.StringVar(&o.daemonToken, "daemon-token", "", "shared bootstrap token daemons may present (env "+EnvDaemonToken+")")
+	fs.StringVar(&o.daemonToken, "daemon-token", "", "shared bootstrap token daemons may present (env "+cli.EnvDaemonToken+")")
 	fs.StringVar(&o.metricsToken, "metrics-token", "", "bearer that GET /metrics on the main listener accepts, beside the admin token (env "+EnvMetricsToken+"; unset: /metrics there is 404)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", a.env.Getenv(EnvMetricsAddr), "HOST:PORT of a separate listener serving only GET /metrics, unauthenticated (env "+EnvMetricsAddr+")")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -207,7 +208,7 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 // returns what the control plane is to use (0: its default).
 func (o serveOpts) checkLostAfter() (time.Duration, error) {
 	if o.staleAfter < 0 {
-		return 0, usagef("--stale-after %v: must not be negative", o.staleAfter)
+		return 0, cli.Usagef("--stale-after %v: must not be negative", o.staleAfter)
 	}
 	if !o.lostAfterSet {
 		return 0, nil
@@ -218,9 +219,9 @@ func (o serveOpts) checkLostAfter() (time.Duration, error) {
 	}
 	switch {
 	case o.lostAfter <= 0:
-		return 0, usagef("--lost-after %v: must be a positive duration, such as 10m", o.lostAfter)
+		return 0, cli.Usagef("--lost-after %v: must be a positive duration, such as 10m", o.lostAfter)
 	case o.lostAfter < stale:
-		return 0, usagef("--lost-after %v: must be at least %v, the window after which a daemon reads back stale", o.lostAfter, stale)
+		return 0, cli.Usagef("--lost-after %v: must be at least %v, the window after which a daemon reads back stale", o.lostAfter, stale)
 	}
 	return o.lostAfter, nil
 }
@@ -235,7 +236,7 @@ func envOr(getenv func(string) string, key, def string) string {
 func (a *app) serve(ctx context.Context, o serveOpts) error {
 	logger, err := newLogger(a.env, o.logLevel, o.logFormat)
 	if err != nil {
-		return &usageError{err: err}
+		return cli.UsageError(err)
 	}
 	if o.dataDir == "" {
 		if o.dataDir, err = defaultDataDir(a.env.Getenv); err != nil {
@@ -243,7 +244,7 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		}
 	}
 	if o.daemonToken == "" {
-		o.daemonToken = a.env.Getenv(EnvDaemonToken)
+		o.daemonToken = a.env.Getenv(cli.EnvDaemonToken)
 	}
 	if o.metricsToken == "" {
 		o.metricsToken = a.env.Getenv(EnvMetricsToken)
@@ -251,12 +252,12 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if err := o.identity.resolve(a.env.Getenv); err != nil {
 		return err
 	}
-	adminToken := a.adminToken
+	adminToken := a.host.AdminToken()
 	if adminToken == "" {
-		adminToken = a.env.Getenv(EnvAdminToken)
+		adminToken = a.env.Getenv(cli.EnvAdminToken)
 	}
 	if o.publicURL != "" {
-		o.publicURL = strings.TrimRight(withScheme(o.publicURL), "/")
+		o.publicURL = strings.TrimRight(cli.WithScheme(o.publicURL), "/")
 	}
 
 	lostAfter, err := o.checkLostAfter()
@@ -300,7 +301,7 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if err := o.blobs.apply(ctx, &cfg); err != nil {
 		return err
 	}
-	if err := openStores(ctx, &cfg, o.store); err != nil {
+	if err := OpenStores(ctx, &cfg, o.store); err != nil {
 		return err
 	}
 	local := o.identity.url(localURL(ln.Addr()))
@@ -322,9 +323,9 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 
 	credsPath := ""
 	if !o.noCredentials {
-		credsPath, err = CredentialsPath(a.env.Getenv)
+		credsPath, err = cli.CredentialsPath(a.env.Getenv)
 		if err == nil {
-			err = WriteCredentials(credsPath, Credentials{URL: local, AdminToken: srv.AdminToken(), PublicURL: public})
+			err = cli.WriteCredentials(credsPath, cli.Credentials{URL: local, AdminToken: srv.AdminToken(), PublicURL: public})
 		}
 		if err != nil {
 			return fmt.Errorf("credentials file: %w", err)
@@ -335,7 +336,7 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		if credsPath != "" {
 			fmt.Fprintf(a.env.Stdout, "saved for this machine's CLI in %s\n", credsPath)
 		} else {
-			fmt.Fprintf(a.env.Stdout, "use it elsewhere with %s=<token>\n", EnvAdminToken)
+			fmt.Fprintf(a.env.Stdout, "use it elsewhere with %s=<token>\n", cli.EnvAdminToken)
 		}
 	}
 	if credsPath != "" {
@@ -351,13 +352,13 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	return nil
 }
 
-// openStores chooses the control plane's stores: the database --store
+// OpenStores chooses the control plane's stores: the database spec (--store)
 // names (by default the SQLite file in the data dir), and the payloads and
-// releases kept in the data dir.
-func openStores(ctx context.Context, cfg *controlplane.Config, spec string) error {
+// releases kept in the data dir. Tests of in-process control planes use it.
+func OpenStores(ctx context.Context, cfg *controlplane.Config, spec string) error {
 	pg := strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://")
 	if !pg && spec != "" && spec != "sqlite" {
-		return usagef("--store %q: want sqlite or a postgres:// URL", redactURL(spec))
+		return cli.Usagef("--store %q: want sqlite or a postgres:// URL", redactURL(spec))
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("start the control plane: data dir: %w", err)
@@ -422,7 +423,7 @@ func defaultDataDir(getenv func(string) string) (string, error) {
 }
 
 // newLogger builds the one logger serve injects into the control plane.
-func newLogger(env Env, level, format string) (zerolog.Logger, error) {
+func newLogger(env cli.Env, level, format string) (zerolog.Logger, error) {
 	lvl, err := zerolog.ParseLevel(strings.ToLower(level))
 	if err != nil || level == "" {
 		return zerolog.Logger{}, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
@@ -451,39 +452,39 @@ func newLogger(env Env, level, format string) (zerolog.Logger, error) {
 func (o blobOpts) apply(ctx context.Context, cfg *controlplane.Config) error {
 	switch {
 	case o.retention < 0:
-		return usagef("--payload-retention %v: must not be negative (0 keeps payloads forever)", o.retention)
+		return cli.Usagef("--payload-retention %v: must not be negative (0 keeps payloads forever)", o.retention)
 	case o.retention == 0:
 		cfg.PayloadRetention = -1
 	default:
 		cfg.PayloadRetention = o.retention
 	}
 	if o.urlTTL < time.Second {
-		return usagef("--payload-url-ttl %v: must be at least 1s", o.urlTTL)
+		return cli.Usagef("--payload-url-ttl %v: must be at least 1s", o.urlTTL)
 	}
 	cfg.PayloadURLTTL = o.urlTTL
 	if o.url == "" || o.url == "local" {
 		for flag, v := range map[string]string{"--blobs-endpoint": o.endpoint, "--blobs-region": o.region, "--blobs-public-url": o.publicURL} {
 			if v != "" {
-				return usagef("%s is for a bucket: give --blobs s3://BUCKET/PREFIX too", flag)
+				return cli.Usagef("%s is for a bucket: give --blobs s3://BUCKET/PREFIX too", flag)
 			}
 		}
 		return nil
 	}
 	if !strings.HasPrefix(o.url, "s3://") {
-		return usagef("--blobs %q: want local or s3://BUCKET/PREFIX", o.url)
+		return cli.Usagef("--blobs %q: want local or s3://BUCKET/PREFIX", o.url)
 	}
 	bucket, prefix, err := blobs.ParseS3URL(o.url)
 	if err != nil {
-		return usagef("--blobs: %v", err)
+		return cli.Usagef("--blobs: %v", err)
 	}
 	if o.endpoint != "" {
 		if u, err := url.Parse(o.endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return usagef("--blobs-endpoint %q: want an http(s) URL such as https://ACCOUNT.r2.cloudflarestorage.com", o.endpoint)
+			return cli.Usagef("--blobs-endpoint %q: want an http(s) URL such as https://ACCOUNT.r2.cloudflarestorage.com", o.endpoint)
 		}
 	}
 	if o.publicURL != "" {
 		if u, err := url.Parse(o.publicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return usagef("--blobs-public-url %q: want an http(s) URL", o.publicURL)
+			return cli.Usagef("--blobs-public-url %q: want an http(s) URL", o.publicURL)
 		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, blobCheckTimeout)
@@ -498,4 +499,21 @@ func (o blobOpts) apply(ctx context.Context, cfg *controlplane.Config) error {
 	cfg.Blobs, cfg.BlobsPublicURL = st, strings.TrimRight(o.publicURL, "/")
 	cfg.Logger.Info().Str("blobs", st.String()).Msg("payloads and releases in a bucket, shared with any other replica")
 	return nil
+}
+
+// localURL is how a client on this machine reaches a listener at addr:
+// an unspecified host (0.0.0.0, ::) becomes the matching loopback address.
+func localURL(addr net.Addr) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return "http://" + addr.String()
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if ip.To4() != nil {
+			host = "127.0.0.1"
+		} else {
+			host = "::1"
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }
