@@ -25,6 +25,7 @@ func TestBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep.add("lakeshore serve idle RSS (one daemon polling)", fmt.Sprintf("%.1f MB", float64(cpRSS)/1024), "", 0, "<= 40 MB", boolp(cpRSS <= 40*1024))
+	cliStartRows(t, rep, cp, base)
 	execRT, perSec := execRows(t, rep, cp, "bench", base)
 
 	runRows(t, rep, cp, execRT, perSec)

@@ -25,6 +25,7 @@ func TestExecBench(t *testing.T) {
 	base := baselines(t, rep)
 	cp := harness.StartControlPlane(t, harness.CPOptions{})
 	cp.StartDaemon(t, harness.DaemonOptions{Label: "bench"})
+	cliStartRows(t, rep, cp, base)
 	execRows(t, rep, cp, "bench", base)
 }
 
