@@ -45,19 +45,15 @@ func (s *Server) resolveWorker(r *http.Request) (store.Worker, error) {
 	if !isNotFound(err) {
 		return store.Worker{}, err
 	}
-	all, err := s.listWorkers(r.Context(), ns)
+	// By label, from the index: a fleet's size does not weigh on every
+	// `daemon exec <label>`.
+	found, err := s.st.WorkersByLabel(r.Context(), ns, id)
 	if err != nil {
 		return store.Worker{}, err
 	}
-	var found []store.Worker
-	for _, w := range all {
-		if w.Label == id {
-			found = append(found, w)
-		}
-	}
 	switch len(found) {
 	case 1:
-		return found[0], nil
+		return s.withSeen(found[0]), nil
 	case 0:
 		return store.Worker{}, errNoSuchWorker
 	default:

@@ -356,3 +356,32 @@ func TestPollWaitSpreadsTheFleet(t *testing.T) {
 		t.Fatalf("timeout 0 waits %v", d)
 	}
 }
+
+// TestALabelIsResolvedWithoutReadingTheFleet: `daemon exec <label>` finds
+// its worker through the label's own rows, so its cost does not grow with
+// the namespace; a label two workers share is still a 409 naming the way
+// out, and an unknown one a 404.
+func TestALabelIsResolvedWithoutReadingTheFleet(t *testing.T) {
+	cs := openCounting(t)
+	e := newEnv(t, func(c *Config) { c.Store = cs })
+	tok := e.mintToken(operatorapi.TokenRequest{}).Token
+	want := *e.helloWith(tok, "m1", "gpu-rig", "inc-1").WorkerID
+	e.helloWith(e.mintToken(operatorapi.TokenRequest{}).Token, "m2", "gpu-rig-2", "inc-2")
+	e.helloWith(e.mintToken(operatorapi.TokenRequest{}).Token, "m3", "twin", "inc-3")
+	e.helloWith(e.mintToken(operatorapi.TokenRequest{}).Token, "m4", "twin", "inc-4")
+	cs.take()
+
+	w := expectJS[operatorapi.Worker](t, e.op(http.MethodGet, "/v1/namespaces/default/workers/gpu-rig", nil), http.StatusOK, "worker by label")
+	if w.ID != want || w.Label != "gpu-rig" {
+		t.Fatalf("gpu-rig resolved to %s (%s), want %s", w.ID, w.Label, want)
+	}
+	if calls := cs.take(); strings.Contains(calls, "ListWorkers") {
+		t.Fatalf("resolving a label read the whole namespace: %s", calls)
+	}
+	if r := e.op(http.MethodGet, "/v1/namespaces/default/workers/twin", nil); r.status != http.StatusConflict || !strings.Contains(string(r.body), "use an id") {
+		t.Fatalf("shared label: %d %s", r.status, r.body)
+	}
+	if r := e.op(http.MethodGet, "/v1/namespaces/default/workers/gpu", nil); r.status != http.StatusNotFound {
+		t.Fatalf("a label prefix is not a label: %d %s", r.status, r.body)
+	}
+}

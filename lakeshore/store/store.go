@@ -158,6 +158,9 @@ type Workers interface {
 	Worker(ctx context.Context, namespace, id string) (Worker, error)
 	// ListWorkers returns the namespace's workers ordered by label, then id.
 	ListWorkers(ctx context.Context, namespace string) ([]Worker, error)
+	// WorkersByLabel returns the namespace's workers whose label is label,
+	// ordered by id (an empty list when none is).
+	WorkersByLabel(ctx context.Context, namespace, label string) ([]Worker, error)
 	// RecordPoll notes a poll: last seen, poll queue, running invocations,
 	// merged capabilities. A non-nil Cursor acknowledges every command with
 	// seq <= Cursor (clamped to what was ever delivered), on behalf of the

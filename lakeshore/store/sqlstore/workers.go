@@ -111,22 +111,36 @@ func (db *DB) ListWorkers(ctx context.Context, namespace string) ([]store.Worker
 	return listWorkers(ctx, db.reader(), namespace)
 }
 
+// WorkersByLabel implements store.Workers.
+func (db *DB) WorkersByLabel(ctx context.Context, namespace, label string) ([]store.Worker, error) {
+	rows, err := db.reader().Query(ctx, `SELECT `+workerColumns+` FROM workers w WHERE w.namespace = ? AND w.label = ? ORDER BY w.id`, namespace, label)
+	if err != nil {
+		return nil, fmt.Errorf("workers labelled %q: %w", label, err)
+	}
+	return scanWorkers(rows)
+}
+
 func listWorkers(ctx context.Context, q querier, namespace string) ([]store.Worker, error) {
 	rows, err := q.Query(ctx, `SELECT `+workerColumns+` FROM workers w WHERE w.namespace = ? ORDER BY w.label, w.id`, namespace)
 	if err != nil {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
-	defer rows.Close()
+	return scanWorkers(rows)
+}
+
+// scanWorkers reads every worker of rows and closes them.
+func scanWorkers(rs *rows) ([]store.Worker, error) {
+	defer rs.Close()
 	out := []store.Worker{}
-	for rows.Next() {
-		w, err := scanWorker(rows)
+	for rs.Next() {
+		w, err := scanWorker(rs)
 		if err != nil {
-			return nil, fmt.Errorf("list workers: %w", err)
+			return nil, fmt.Errorf("read workers: %w", err)
 		}
 		out = append(out, w)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list workers: %w", err)
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("read workers: %w", err)
 	}
 	return out, nil
 }

@@ -38,6 +38,7 @@ func Run(t *testing.T, b Backend) {
 		fn   func(*testing.T, *env)
 	}{
 		{"HelloIsIdempotentPerIdentity", testHelloIsIdempotentPerIdentity},
+		{"WorkersByLabel", testWorkersByLabel},
 		{"CursorAckAndRedelivery", testCursorAckAndRedelivery},
 		{"LegacyDeliveryAndHibernateEndsBatch", testLegacyDeliveryAndHibernateEndsBatch},
 		{"HibernationInForce", testHibernationInForce},

@@ -46,6 +46,35 @@ func testHelloIsIdempotentPerIdentity(t *testing.T, e *env) {
 	}
 }
 
+func testWorkersByLabel(t *testing.T, e *env) {
+	db := e.store(t)
+	b := hello(t, db, "bbbbbbbbbbbbbbbbbbbbbbbb", "m2", "gpu")
+	a := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
+	hello(t, db, "cccccccccccccccccccccccc", "m3", "gpu-2")
+	hello(t, db, "dddddddddddddddddddddddd", "m4", "cpu")
+	got, err := db.WorkersByLabel(bg, "default", "gpu")
+	if err != nil || len(got) != 2 || got[0].ID != a.ID || got[1].ID != b.ID {
+		t.Fatalf("label gpu: %v %v; want %s then %s (a label is not a prefix)", workerIDs(got), err, a.ID, b.ID)
+	}
+	if got[0].Label != "gpu" || got[0].MachineID != "m1" {
+		t.Fatalf("label gpu: the whole row, got %+v", got[0])
+	}
+	for _, c := range []struct{ ns, label string }{{"default", "gp"}, {"default", "GPU"}, {"other", "gpu"}, {"default", ""}} {
+		got, err := db.WorkersByLabel(bg, c.ns, c.label)
+		if err != nil || got == nil || len(got) != 0 {
+			t.Fatalf("namespace %q label %q: %v %v; want an empty list", c.ns, c.label, workerIDs(got), err)
+		}
+	}
+}
+
+func workerIDs(ws []store.Worker) []string {
+	var out []string
+	for _, w := range ws {
+		out = append(out, w.ID)
+	}
+	return out
+}
+
 func testCursorAckAndRedelivery(t *testing.T, e *env) {
 	db := e.store(t)
 	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
