@@ -78,7 +78,7 @@ It is looked for in $%s, then beside this lakeshore, then on $PATH.
 // verb only lakeshore-server has, including a shell's completion request
 // for one, so Main hands them over before building any command.
 func (a *app) handsOff(args []string) bool {
-	if a.env.ServerVerbs != nil || a.env.Exec == nil {
+	if a.env.ServerVerbs != nil {
 		return false
 	}
 	if len(args) > 0 && strings.HasPrefix(args[0], "__complete") {
@@ -95,6 +95,9 @@ func (a *app) handOff() error {
 	path, err := a.serverBinary()
 	if err != nil {
 		return err
+	}
+	if a.env.Exec == nil {
+		return fmt.Errorf("this run cannot start %s (its environment has no Exec)", path)
 	}
 	argv := append([]string{ServerBinary}, a.args...)
 	if err := a.env.Exec(path, argv, os.Environ()); err != nil {
