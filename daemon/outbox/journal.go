@@ -22,8 +22,8 @@ import (
 // The job journal is an append-only log beside the stored results
 // (journal.log in the outbox's directory). Each accepted exec or run gets a
 // "begin" record, fdatasynced before the job's child process is spawned,
-// and an "end" record once its outcome is stored in the outbox (or, when
-// it could not be stored, posted). A job with a begin and no end at start
+// and an "end" record once its outcome is accepted by the control plane or
+// stored in the outbox, whichever comes first. A job with a begin and no end at start
 // is one a dead process was running; Recover reports it. The journal sits
 // with the outbox because the two are read together: an outcome the dead
 // process stored wins over the journal's "outcome unknown".
@@ -338,7 +338,7 @@ func (o *Outbox) Recover() ([]JournalEntry, error) {
 		log.Warn().Time("accepted_at", time.Unix(int64(e.At), 0)).
 			Msg("job was running when the previous process died; reporting it as interrupted")
 		// Open in this process's journal too, until its outcome is
-		// stored (at once, normally) or posted.
+		// posted (at once, normally) or stored.
 		o.jr.reopen(key, e)
 		if err := o.submitRestarted(e); err != nil {
 			log.Error().Err(err).Msg("interrupted job's outcome not stored; posting from memory")
@@ -346,7 +346,7 @@ func (o *Outbox) Recover() ([]JournalEntry, error) {
 		out = append(out, e)
 	}
 	// Every outcome is in the outbox now: a fresh log, holding the jobs
-	// still open (an outcome that could not be stored, not posted yet).
+	// still open (an outcome neither posted nor stored yet).
 	if err := o.jr.rewrite(); err != nil {
 		return out, err
 	}
