@@ -145,9 +145,10 @@ type pollView struct {
 type pollKind int
 
 const (
-	pollFull  pollKind = iota // anything may change: record it, claim, take
-	pollAck                   // only its cursor acknowledges commands: record it
-	pollQuiet                 // nothing changes but its last seen: from memory
+	pollFull    pollKind = iota // anything may change: record it, claim, take
+	pollAck                     // only its cursor acknowledges commands: record it
+	pollAckOnly                 // as pollAck, of a worker no acknowledgement settles: the ack alone is written
+	pollQuiet                   // nothing changes but its last seen: from memory
 )
 
 // look says how the poll must be served. A quiet poll is noted as seen,
@@ -174,7 +175,12 @@ func (p *presence) look(id string, queue string, cursor *int64, running, capsCha
 		return pollView{}, 0, pollFull
 	case cursor != nil && min(*cursor, m.deliveredSeq) > m.ackedSeq:
 		// The cursor acknowledges something: what every exec's next
-		// poll does.
+		// poll does. Of an active worker, that changes nothing but the
+		// acknowledgement (RecordPoll would settle only a setting_up
+		// worker whose last setup it acknowledges).
+		if m.state == operatorapi.StateActive {
+			return pollView{id: id, namespace: m.namespace, deliveredSeq: m.deliveredSeq, ackedSeq: m.ackedSeq}, e.gen, pollAckOnly
+		}
 		return pollView{}, 0, pollAck
 	}
 	if !e.touched {
@@ -182,6 +188,26 @@ func (p *presence) look(id string, queue string, cursor *int64, running, capsCha
 	}
 	e.seenAt, e.touched, e.lastUsed = now, true, now
 	return pollView{id: id, namespace: m.namespace, deliveredSeq: m.deliveredSeq, ackedSeq: m.ackedSeq}, e.gen, pollQuiet
+}
+
+// acked notes an acknowledgement written for the worker (AckThrough) and
+// the poll that sent it as seen, and returns the memo's view and
+// generation for the poll to go on as a quiet one; false when the memo
+// stopped holding meanwhile (the poll then goes the full way).
+func (p *presence) acked(id string, ackedSeq int64, now time.Time) (pollView, uint64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.m[id]
+	if e == nil || !e.valid {
+		return pollView{}, 0, false
+	}
+	m := &e.m
+	m.ackedSeq = max(m.ackedSeq, ackedSeq)
+	if !e.touched {
+		p.dirty = append(p.dirty, id)
+	}
+	e.seenAt, e.touched, e.lastUsed = now, true, now
+	return pollView{id: id, namespace: m.namespace, deliveredSeq: m.deliveredSeq, ackedSeq: m.ackedSeq}, e.gen, true
 }
 
 // current returns the worker's generation, the memo left as it is.

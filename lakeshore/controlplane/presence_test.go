@@ -52,6 +52,11 @@ func (c *countingStore) RecordPoll(ctx context.Context, p store.Poll) (store.Wor
 	return c.Store.RecordPoll(ctx, p)
 }
 
+func (c *countingStore) AckThrough(ctx context.Context, id string, cursor int64, now time.Time) (int64, error) {
+	c.count("AckThrough")
+	return c.Store.AckThrough(ctx, id, cursor, now)
+}
+
 func (c *countingStore) TouchWorkers(ctx context.Context, seen []store.Seen) ([]string, error) {
 	c.count("TouchWorkers")
 	return c.Store.TouchWorkers(ctx, seen)
@@ -169,8 +174,8 @@ func TestEmptyPollTouchesNoStore(t *testing.T) {
 	}
 	next := *p.Cursor
 	poll(messages.PollRequest{Cursor: &next}) // acknowledges it
-	if calls := cs.take(); calls != "RecordPoll×I" {
-		t.Fatalf("the poll acknowledging the exec called %q: want its RecordPoll alone", calls)
+	if calls := cs.take(); calls != "AckThrough×I" {
+		t.Fatalf("the poll acknowledging the exec called %q: want its AckThrough alone", calls)
 	}
 	if cmds, _ := cs.ListCommands(context.Background(), id); len(cmds) != 1 || cmds[0].AckedAt == nil {
 		t.Fatalf("exec command after the acknowledging poll: %+v", cmds)

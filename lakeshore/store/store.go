@@ -165,6 +165,13 @@ type Workers interface {
 	// joining worker, or a setting_up one with no setup awaiting
 	// acknowledgement, becomes active.
 	RecordPoll(ctx context.Context, p Poll) (Worker, error)
+	// AckThrough notes a poll whose only news is its cursor: every command
+	// with seq <= cursor (clamped to what was ever delivered) is
+	// acknowledged on behalf of the worker's current incarnation, as
+	// RecordPoll acknowledges, and nothing else of the worker is written
+	// (its last seen is the caller's to note, with TouchWorkers). It
+	// returns the worker's acknowledged seq afterwards.
+	AckThrough(ctx context.Context, workerID string, cursor int64, now time.Time) (int64, error)
 	// TouchWorkers records that each worker was seen at its time (polls
 	// that changed nothing else, noted in memory and written in batches):
 	// a worker's last seen becomes the later of the stored time and the

@@ -39,6 +39,7 @@ func Run(t *testing.T, b Backend) {
 	}{
 		{"HelloIsIdempotentPerIdentity", testHelloIsIdempotentPerIdentity},
 		{"CursorAckAndRedelivery", testCursorAckAndRedelivery},
+		{"AckThroughAcknowledgesOnly", testAckThroughAcknowledgesOnly},
 		{"LegacyDeliveryAndHibernateEndsBatch", testLegacyDeliveryAndHibernateEndsBatch},
 		{"HibernationInForce", testHibernationInForce},
 		{"WakeWithdrawsQueuedHibernates", testWakeWithdrawsQueuedHibernates},

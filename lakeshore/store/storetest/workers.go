@@ -105,6 +105,53 @@ func testCursorAckAndRedelivery(t *testing.T, e *env) {
 	}
 }
 
+// AckThrough acknowledges as RecordPoll's cursor does, clamped to what was
+// delivered and never backwards, and writes nothing else of the worker.
+func testAckThroughAcknowledgesOnly(t *testing.T, e *env) {
+	db := e.store(t)
+	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
+	enqueue(t, db, w.ID, "c1", "exec")
+	enqueue(t, db, w.ID, "c2", "exec")
+	if got, err := db.Take(bg, w.ID, 0, 100, false, t0); err != nil || !equal(ids(got), []string{"c1", "c2"}) {
+		t.Fatalf("take: %v %v", ids(got), err)
+	}
+	enqueue(t, db, w.ID, "c3", "exec")
+	later := t0.Add(time.Hour)
+	if acked, err := db.AckThrough(bg, w.ID, 1, later); err != nil || acked != 1 {
+		t.Fatalf("ack through 1: %d %v", acked, err)
+	}
+	if got, _ := db.Take(bg, w.ID, 1, 100, false, t0); !equal(ids(got), []string{"c2", "c3"}) {
+		t.Fatalf("after ack 1: %v", ids(got))
+	}
+	// Beyond what was delivered (c3 is now): clamped, c3's delivery kept.
+	enqueue(t, db, w.ID, "c4", "exec")
+	if acked, err := db.AckThrough(bg, w.ID, 99, later); err != nil || acked != 3 {
+		t.Fatalf("ack through 99: %d %v, want 3", acked, err)
+	}
+	if acked, err := db.AckThrough(bg, w.ID, 0, later); err != nil || acked != 3 {
+		t.Fatalf("an older cursor: %d %v, want 3 still", acked, err)
+	}
+	all, err := db.ListCommands(bg, w.ID)
+	if err != nil || len(all) != 4 {
+		t.Fatalf("commands %+v %v", all, err)
+	}
+	for i, want := range []string{store.CommandAcked, store.CommandAcked, store.CommandAcked, store.CommandQueued} {
+		if all[i].State() != want {
+			t.Fatalf("command %s is %s, want %s", all[i].ID, all[i].State(), want)
+		}
+	}
+	wk, err := db.Worker(bg, "", w.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wk.AckedSeq != 3 || wk.DeliveredSeq != 3 || wk.LastSeq != 4 || !wk.LastSeenAt.Equal(w.LastSeenAt) {
+		t.Fatalf("worker after acks: last=%d delivered=%d acked=%d seen %v (was %v)", wk.LastSeq, wk.DeliveredSeq, wk.AckedSeq, wk.LastSeenAt, w.LastSeenAt)
+	}
+	if _, err := db.AckThrough(bg, "nobody", 1, t0); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("ack for an unknown worker: %v", err)
+	}
+}
+
 func testLegacyDeliveryAndHibernateEndsBatch(t *testing.T, e *env) {
 	db := e.store(t)
 	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
