@@ -361,3 +361,38 @@ func TestPollWaitSpreadsTheFleet(t *testing.T) {
 		t.Fatalf("timeout 0 waits %v", d)
 	}
 }
+
+// TestExecByIDReadsNoWorker: an exec addressed by worker id reads no
+// worker before it is queued (the enqueue tells what the answer shows);
+// one addressed by label reads it; an id of no worker of the namespace is
+// a 404 that queues nothing.
+func TestExecByIDReadsNoWorker(t *testing.T) {
+	cs := openCounting(t)
+	e := newEnv(t, func(c *Config) { c.Store = cs })
+	id, cur := e.hello("m", "by-id")
+	e.poll(id, &cur, 0, "")
+	cs.take()
+	acc := e.exec(id, operatorapi.ExecRequest{Command: "true"})
+	if calls := cs.take(); strings.Contains(calls, "Worker") {
+		t.Fatalf("an exec by id called %q: want no worker read", calls)
+	}
+	if acc.WorkerID != id || acc.Label != "by-id" || acc.WorkerState != operatorapi.StateActive || acc.LastSeenAt == nil || acc.LastSeenAt.IsZero() {
+		t.Fatalf("accepted %+v, want the worker's id, label, state and last seen", acc)
+	}
+	byLabel := e.exec("by-id", operatorapi.ExecRequest{Command: "true"})
+	if calls := cs.take(); !strings.Contains(calls, "Worker") || byLabel.WorkerID != id {
+		t.Fatalf("an exec by label called %q and went to %s", calls, byLabel.WorkerID)
+	}
+	for _, path := range []string{
+		"/v1/namespaces/other/workers/" + id + "/exec",
+		"/v1/namespaces/default/workers/0123456789abcdef01234567/exec",
+	} {
+		r := e.op(http.MethodPost, path, operatorapi.ExecRequest{Command: "true"})
+		if r.status != http.StatusNotFound {
+			t.Fatalf("%s: %d %s, want 404", path, r.status, r.body)
+		}
+	}
+	if cmds, _ := cs.ListCommands(context.Background(), id); len(cmds) != 2 {
+		t.Fatalf("commands queued: %d, want the two execs alone", len(cmds))
+	}
+}

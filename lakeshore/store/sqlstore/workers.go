@@ -471,12 +471,13 @@ func jobEnded(ctx context.Context, tx querier, workerID string, seq int64) (bool
 // *store.SingleJobError that refuses another job for a single-job worker
 // that has its job, or nil when it may take one. One statement both locks
 // and reads the worker (lockWorker's round trip saved).
-func heldJob(ctx context.Context, tx querier, workerID string) (*store.SingleJobError, error) {
+func heldJob(ctx context.Context, tx querier, namespace, workerID string) (*store.SingleJobError, error) {
 	var (
 		single bool
 		jobSeq int64
 	)
-	err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ?`+tx.d.ForUpdate, workerID).Scan(&single, &jobSeq)
+	err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ? AND (CAST(? AS TEXT) = '' OR namespace = ?)`+tx.d.ForUpdate,
+		workerID, namespace, namespace).Scan(&single, &jobSeq)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("worker", workerID)
 	}

@@ -40,6 +40,7 @@ func Run(t *testing.T, b Backend) {
 		{"HelloIsIdempotentPerIdentity", testHelloIsIdempotentPerIdentity},
 		{"CursorAckAndRedelivery", testCursorAckAndRedelivery},
 		{"AckThroughAcknowledgesOnly", testAckThroughAcknowledgesOnly},
+		{"EnqueueTellsOfItsWorker", testEnqueueTellsOfItsWorker},
 		{"LegacyDeliveryAndHibernateEndsBatch", testLegacyDeliveryAndHibernateEndsBatch},
 		{"HibernationInForce", testHibernationInForce},
 		{"WakeWithdrawsQueuedHibernates", testWakeWithdrawsQueuedHibernates},

@@ -152,6 +152,42 @@ func testAckThroughAcknowledgesOnly(t *testing.T, e *env) {
 	}
 }
 
+// Enqueue returns the worker as it left it, and, given a namespace,
+// finds no worker of another one and queues nothing for it.
+func testEnqueueTellsOfItsWorker(t *testing.T, e *env) {
+	db := e.store(t)
+	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
+	c, err := db.Enqueue(bg, store.NewCommand{ID: "c1", WorkerID: w.ID, Namespace: "default", Kind: "exec", Now: t0},
+		&store.NewExec{ID: "e1", Namespace: "default", Command: "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := store.EnqueuedWorker{Namespace: "default", Label: "gpu", State: operatorapi.StateActive, LastSeenAt: w.LastSeenAt}
+	if c.Worker.Namespace != want.Namespace || c.Worker.Label != want.Label || c.Worker.State != want.State ||
+		!c.Worker.LastSeenAt.Equal(want.LastSeenAt) || c.Worker.HibernatingUntil != nil {
+		t.Fatalf("enqueue told of %+v, want %+v", c.Worker, want)
+	}
+	until := t0.Add(time.Hour)
+	h, err := db.Enqueue(bg, store.NewCommand{ID: "c2", WorkerID: w.ID, Kind: store.KindHibernate, HibernateUntil: &until, Now: t0}, nil)
+	if err != nil || h.Worker.HibernatingUntil == nil || !h.Worker.HibernatingUntil.Equal(until) {
+		t.Fatalf("a hibernate's enqueue told of %+v, %v; want its deadline", h.Worker, err)
+	}
+	for _, kind := range []string{"exec", store.KindHibernate} {
+		_, err := db.Enqueue(bg, store.NewCommand{ID: "cx-" + kind, WorkerID: w.ID, Namespace: "other", Kind: kind, HibernateUntil: &t0, Now: t0},
+			&store.NewExec{ID: "ex-" + kind, Namespace: "other", Command: "true"})
+		if !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s for a worker of another namespace: %v, want not found", kind, err)
+		}
+	}
+	cmds, err := db.ListCommands(bg, w.ID)
+	if err != nil || len(cmds) != 2 {
+		t.Fatalf("commands after the refused enqueues: %+v %v, want c1 and c2 alone", cmds, err)
+	}
+	if _, err := db.Exec(bg, "ex-exec"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the refused exec was stored: %v", err)
+	}
+}
+
 func testLegacyDeliveryAndHibernateEndsBatch(t *testing.T, e *env) {
 	db := e.store(t)
 	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
