@@ -65,7 +65,9 @@ type Kind struct {
 // or stored).
 type Journal interface {
 	// Begin records job id of kind ("exec", "run"), carried by command
-	// commandID; it returns once the record is on disk.
+	// commandID; it returns once a daemon process that dies leaves the
+	// record for the next start (the outbox's reaches the disk moments
+	// later).
 	Begin(kind, id, commandID string) error
 }
 
