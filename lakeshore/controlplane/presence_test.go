@@ -57,6 +57,11 @@ func (c *countingStore) AckThrough(ctx context.Context, id string, cursor int64,
 	return c.Store.AckThrough(ctx, id, cursor, now)
 }
 
+func (c *countingStore) Exec(ctx context.Context, id string) (store.Exec, error) {
+	c.count("Exec")
+	return c.Store.Exec(ctx, id)
+}
+
 func (c *countingStore) TouchWorkers(ctx context.Context, seen []store.Seen) ([]string, error) {
 	c.count("TouchWorkers")
 	return c.Store.TouchWorkers(ctx, seen)
@@ -394,5 +399,32 @@ func TestExecByIDReadsNoWorker(t *testing.T) {
 	}
 	if cmds, _ := cs.ListCommands(context.Background(), id); len(cmds) != 2 {
 		t.Fatalf("commands queued: %d, want the two execs alone", len(cmds))
+	}
+}
+
+// TestResultOfAnExecDeliveredHereReadsNoExec: the result of an exec this
+// process handed to its worker is authorized from memory, without a read
+// of the exec; a second result is refused as before, after a read.
+func TestResultOfAnExecDeliveredHereReadsNoExec(t *testing.T) {
+	cs := openCounting(t)
+	e := newEnv(t, func(c *Config) { c.Store = cs })
+	id, cur := e.hello("m", "results")
+	acc := e.exec(id, operatorapi.ExecRequest{Command: "true"})
+	if p := e.poll(id, &cur, 0, ""); len(p.Commands) != 1 {
+		t.Fatalf("poll answered %v, want the exec", commandsOf(p))
+	}
+	cs.take()
+	path := "/v1/daemon/exec/" + acc.ExecID + "/result"
+	if r := e.daemon(path, &messages.ExecResult{ExitCode: 3}); r.status != http.StatusOK {
+		t.Fatalf("result: %d %s", r.status, r.body)
+	}
+	if calls := cs.take(); strings.Contains(calls, "Exec×") {
+		t.Fatalf("the result of an exec delivered here called %q: want no exec read", calls)
+	}
+	if got := e.getExec(acc.ExecID, ""); got.State != operatorapi.ExecFinished || got.Result == nil || got.Result.ExitCode != 3 {
+		t.Fatalf("exec after its result: %+v", got)
+	}
+	if r := e.daemon(path, &messages.ExecResult{ExitCode: 4}); r.status != http.StatusConflict {
+		t.Fatalf("second result: %d %s, want 409", r.status, r.body)
 	}
 }
