@@ -23,8 +23,8 @@ import (
 // (journal.log in the outbox's directory). Each accepted exec or run gets a
 // "begin" record, written before the job's child process is spawned (from
 // then on a daemon process that dies leaves it: the kernel has it) and
-// fdatasynced right after, in the background, for a host that loses
-// power (whose children die with it), and an "end" record once its outcome is accepted by the control plane or
+// fdatasynced in the background within journalSyncAfter, for a host that
+// loses power (whose children die with it), and an "end" record once its outcome is accepted by the control plane or
 // stored in the outbox, whichever comes first. A job with a begin and no end at start
 // is one a dead process was running; Recover reports it. The journal sits
 // with the outbox because the two are read together: an outcome the dead
@@ -32,9 +32,12 @@ import (
 //
 // One log rather than a file per job: a begin costs one fdatasync on a
 // file that exists, where a new file costs a file and a directory sync.
-// The sync is off the spawn's path (a few hundred microseconds in front of
-// every exec, measured), and begins that come while one runs share the
-// next. The log is emptied whenever no job
+// The sync is off the spawn's path (it was a few hundred microseconds in
+// front of every exec, measured), and the begins of journalSyncAfter share
+// one: back-to-back execs paid a seventh of the daemon's CPU for a sync
+// each. A host that loses power in that window loses the job with its
+// children; the control plane, which the job's acknowledgement reached
+// long before, resolves it as lost once the daemon is back. The log is emptied whenever no job
 // is open and it has grown past journalCompactAt.
 //
 // A record is framed as a 4-byte big-endian length, the CRC-32C of the
@@ -55,6 +58,9 @@ const (
 	RestartedExecMessage = "nymph restarted (the previous process died) while this exec was running; its outcome is unknown"
 	RestartedRunMessage  = "nymph restarted (the previous process died) while this run was running; its outcome is unknown"
 )
+
+// journalSyncAfter is how long after a begin record its sync may come.
+const journalSyncAfter = 50 * time.Millisecond
 
 const (
 	opBegin = "begin"
@@ -129,7 +135,7 @@ func (j *journal) begin(key string, e JournalEntry) error {
 	j.unsynced = true
 	if !j.syncing {
 		j.syncing = true
-		go j.syncer()
+		time.AfterFunc(journalSyncAfter, j.syncer)
 	}
 	return nil
 }
