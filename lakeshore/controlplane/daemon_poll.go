@@ -249,7 +249,9 @@ func (s *Server) beginPoll(w http.ResponseWriter, r *http.Request) *pollState {
 // Should the memo stop holding meanwhile, the poll goes the full way
 // (pollFull). false: answered already.
 func (s *Server) ackOnly(w http.ResponseWriter, r *http.Request, ps *pollState, view pollView, cursor int64) (pollKind, bool) {
-	acked, err := s.st.AckThrough(r.Context(), view.id, min(cursor, view.deliveredSeq), ps.now)
+	// The store clamps the cursor to what was delivered, as RecordPoll
+	// does (another replica may have delivered more than the memo knows).
+	acked, err := s.st.AckThrough(r.Context(), view.id, cursor, ps.now)
 	switch {
 	case isNotFound(err):
 		s.presence.drop(view.id)

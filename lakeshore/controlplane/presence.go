@@ -202,7 +202,11 @@ func (p *presence) acked(id string, ackedSeq int64, now time.Time) (pollView, ui
 		return pollView{}, 0, false
 	}
 	m := &e.m
+	// Acknowledged is delivered, and queued: what another replica handed
+	// over is known from here on too.
 	m.ackedSeq = max(m.ackedSeq, ackedSeq)
+	m.deliveredSeq = max(m.deliveredSeq, m.ackedSeq)
+	m.lastSeq = max(m.lastSeq, m.deliveredSeq)
 	if !e.touched {
 		p.dirty = append(p.dirty, id)
 	}
@@ -309,8 +313,10 @@ func (p *presence) queued(id string) {
 // generation gen: the memo's delivered seq moves to the last of them (so
 // the cursor acknowledging them is recorded), and, unless something was
 // queued since or the batch was full, nothing is due to take any more. A
-// legacy delivery (acknowledged as sent) or a hibernate (whose deadline
-// the worker now shows) changes more than that: the memo goes.
+// legacy delivery (acknowledged as sent), a hibernate (whose deadline
+// the worker now shows) or a setup (whose enqueue made the worker
+// setting_up, and whose acknowledgement RecordPoll settles) changes more
+// than that: the memo goes.
 func (p *presence) delivered(id string, gen uint64, cmds []store.Command, legacy bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -324,7 +330,7 @@ func (p *presence) delivered(id string, gen uint64, cmds []store.Command, legacy
 		return
 	}
 	for _, c := range cmds {
-		if legacy || c.Kind == store.KindHibernate {
+		if legacy || c.Kind == store.KindHibernate || c.Kind == store.KindSetup {
 			e.valid = false
 			return
 		}

@@ -428,3 +428,28 @@ func TestResultOfAnExecDeliveredHereReadsNoExec(t *testing.T) {
 		t.Fatalf("second result: %d %s, want 409", r.status, r.body)
 	}
 }
+
+// TestAckOfASetupSettlesTheWorker: a worker whose memo holds (it polled,
+// quietly, before) goes setting_up when a setup is queued, and the poll
+// that acknowledges the setup makes it active again, as RecordPoll does:
+// the light acknowledgement is not for a worker a setup is settling.
+func TestAckOfASetupSettlesTheWorker(t *testing.T) {
+	e := newEnv(t)
+	id, cur := e.hello("m", "settles")
+	p := e.poll(id, &cur, 0, "")
+	p = e.poll(id, p.Cursor, 0, "") // quiet: from the memo
+	if r := e.op(http.MethodPost, "/v1/namespaces/default/workers/"+id+"/setup", operatorapi.SetupRequest{Script: "true"}); r.status != http.StatusAccepted {
+		t.Fatalf("setup: %d %s", r.status, r.body)
+	}
+	p = e.poll(id, p.Cursor, 0, "")
+	if got := commandsOf(p); len(got) != 1 || got[0] != "setup" {
+		t.Fatalf("poll after the setup answered %v", got)
+	}
+	if w := e.worker(id); w.State != operatorapi.StateSettingUp {
+		t.Fatalf("worker is %s with its setup delivered, want setting_up", w.State)
+	}
+	e.poll(id, p.Cursor, 0, "") // acknowledges it
+	if w := e.worker(id); w.State != operatorapi.StateActive || w.SetupPending != 0 {
+		t.Fatalf("worker is %s (%d setups pending) once its setup is acknowledged, want active", w.State, w.SetupPending)
+	}
+}
