@@ -41,6 +41,42 @@ func (q *Queue[T]) Add(x T) {
 	}
 }
 
+// Run queues x as Add does, and for a caller that is about to wait for
+// its batch anyway: when no batch is being committed, the first one
+// (holding x) is committed on the caller's goroutine, and only what
+// queued meanwhile is left to a new one. A lone caller so costs no
+// goroutine, whose stack would grow anew to what commit needs (SQLite's
+// is deep) for every batch.
+func (q *Queue[T]) Run(x T) {
+	q.mu.Lock()
+	q.queue = append(q.queue, x)
+	if q.running {
+		q.mu.Unlock()
+		return
+	}
+	q.running = true
+	b := q.takeLocked()
+	q.mu.Unlock()
+	q.commit(b)
+	q.mu.Lock()
+	if len(q.queue) == 0 {
+		q.running = false
+		q.queue = nil
+		q.mu.Unlock()
+		return
+	}
+	q.mu.Unlock()
+	go q.drain()
+}
+
+// takeLocked takes the next batch off the queue; q.mu is held.
+func (q *Queue[T]) takeLocked() []T {
+	n := min(len(q.queue), q.max)
+	b := slices.Clone(q.queue[:n])
+	q.queue = q.queue[n:]
+	return b
+}
+
 // Len is how many are queued and not yet taken into a batch.
 func (q *Queue[T]) Len() int {
 	q.mu.Lock()
@@ -59,15 +95,13 @@ func (q *Queue[T]) SetMax(n int) {
 func (q *Queue[T]) drain() {
 	for {
 		q.mu.Lock()
-		n := min(len(q.queue), q.max)
-		if n == 0 {
+		if len(q.queue) == 0 {
 			q.running = false
 			q.queue = nil
 			q.mu.Unlock()
 			return
 		}
-		b := slices.Clone(q.queue[:n])
-		q.queue = q.queue[n:]
+		b := q.takeLocked()
 		q.mu.Unlock()
 		q.commit(b)
 	}

@@ -61,10 +61,13 @@ type Kind struct {
 
 // Journal keeps a durable record of each job from before anything of it is
 // spawned until its outcome is handed to the results (the outbox, which
-// also holds the journal and drops the record once the outcome is stored).
+// also holds the journal and drops the record once the outcome is posted
+// or stored).
 type Journal interface {
 	// Begin records job id of kind ("exec", "run"), carried by command
-	// commandID; it returns once the record is on disk.
+	// commandID; it returns once a daemon process that dies leaves the
+	// record for the next start (the outbox's reaches the disk moments
+	// later).
 	Begin(kind, id, commandID string) error
 }
 

@@ -145,8 +145,8 @@ func closeNow(o *outbox.Outbox) {
 	_ = o.Close(ctx)
 }
 
-// An entry is on disk when Begin returns, and gone as soon as the job's
-// outcome is stored.
+// An entry is on disk when Begin returns, and gone once the job's outcome
+// is posted.
 func TestJournalEntryLastsFromBeginToStoredOutcome(t *testing.T) {
 	c, client := newRecordingCP(t)
 	dir := t.TempDir()
@@ -163,10 +163,16 @@ func TestJournalEntryLastsFromBeginToStoredOutcome(t *testing.T) {
 	if err := o.ExecResult("e1", &messages.ExecResult{ExitCode: 4}); err != nil {
 		t.Fatal(err)
 	}
+	if err := o.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if got := openJobs(t, dir); strings.Join(got, " ") != "run:r1" {
 		t.Fatalf("journal holds %v after the exec's result, want the run alone", got)
 	}
 	if err := o.Ack(&messages.Ack{InvocationID: "r1", State: messages.StateSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if got := openJobs(t, dir); len(got) != 0 {
@@ -514,10 +520,16 @@ func TestJournalIsEmptiedWhenIdle(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if err := o.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if got := openJobs(t, dir); strings.Join(got, " ") != "run:long" {
 		t.Fatalf("journal holds %v, want the long run alone", got)
 	}
 	if err := o.Ack(&messages.Ack{InvocationID: "long", State: messages.StateSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if n := size(); n != 0 {

@@ -3,8 +3,13 @@
 // not be posted live), and the job journal (journal.go) that accounts for
 // each job from before it is spawned until its result is stored here.
 //
-// A result is written to a file under the workdir while its first post is
-// on the way, and removed once the control plane accepted it; a post that
+// A result is posted at once; it is written to a file under the workdir
+// only when that first post fails or is still on the way after a short
+// grace (StoreAfter), and the file is removed once the control plane
+// accepted it. Until one of the two holds it, the job's journal entry
+// stands for the result: a daemon killed in that window (a millisecond or
+// so, normally) has the next start report the job as interrupted, which is
+// what a kill an instant before the job ended reports too. A post that
 // fails for a reason worth retrying (transport error, timeout, 5xx, 429,
 // 401/403) is retried with jittered exponential backoff, and results left
 // over by a previous daemon process are posted when the outbox opens again.
@@ -30,7 +35,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,6 +69,9 @@ type Outbox struct {
 	min, max time.Duration
 	rand     func() float64
 	sem      chan struct{}
+	// storeAfter is how long a first post may take before its result is
+	// written to disk.
+	storeAfter time.Duration
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -99,6 +106,19 @@ func WithRand(r func() float64) Option {
 	return func(o *Outbox) { o.rand = r }
 }
 
+// WithStoreAfter sets how long a result's first post may be on the way
+// before the result is written to disk (default StoreAfter).
+func WithStoreAfter(d time.Duration) Option {
+	return func(o *Outbox) { o.storeAfter = d }
+}
+
+// StoreAfter is how long a first post may be on the way before its result
+// is written to disk: far above a post's round trip to a control plane
+// that keeps up (about a millisecond), so the disk is spared the write
+// (a file, two fsyncs, a rename) on every result, and short enough that a
+// control plane that is slow or away costs at most that long in memory.
+const StoreAfter = 50 * time.Millisecond
+
 // seenCap bounds the memory of keys already submitted.
 const seenCap = 1 << 16
 
@@ -113,7 +133,7 @@ func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outb
 	o := &Outbox{
 		dir: dir, post: post, log: logger.With().Str("component", "outbox").Logger(),
 		min: time.Second, max: 60 * time.Second, rand: rand.Float64,
-		sem: make(chan struct{}, 8), ctx: ctx, cancel: cancel,
+		sem: make(chan struct{}, 8), storeAfter: StoreAfter, ctx: ctx, cancel: cancel,
 		seen: make(map[string]struct{}),
 	}
 	for _, opt := range opts {
@@ -144,9 +164,7 @@ func Open(dir string, post Poster, logger zerolog.Logger, opts ...Option) (*Outb
 		}
 		o.remember(rec.Key)
 		o.log.Info().Str("key", rec.Key).Msg("resuming a result stored by a previous run")
-		stored := make(chan string, 1)
-		stored <- full
-		o.start(rec, stored)
+		o.start(rec, full)
 	}
 	return o, nil
 }
@@ -192,9 +210,11 @@ func EventKey(e *messages.Event) string {
 	return key
 }
 
-// Submit stores body for path under key and posts it in the background. A
-// key already submitted is dropped. When the file cannot be written the
-// result is still posted, from memory only, and the error is returned.
+// Submit posts body to path under key in the background, and stores it
+// on disk if that post fails or takes longer than the store grace. A key
+// already submitted is dropped. It returns an error only once the outbox
+// is closed; a result that cannot be stored is still posted, from memory,
+// and logged.
 func (o *Outbox) Submit(key, path string, body []byte) error {
 	o.mu.Lock()
 	if o.closed {
@@ -208,29 +228,8 @@ func (o *Outbox) Submit(key, path string, body []byte) error {
 	}
 	o.remember(key)
 	o.mu.Unlock()
-
-	rec := record{Key: key, Path: path, Body: body, At: messages.Epoch(time.Now().Unix())}
-	file := filepath.Join(o.dir, fileName(key))
-	// The post does not wait for the disk: it starts now, and the file is
-	// removed once both are done. A crash before the file is complete
-	// loses what a crash an instant before the result existed would.
-	stored := make(chan string, 1)
-	o.start(rec, stored)
-	// Let the post reach the wire first: the goroutine just started waits
-	// on this one's processor, which the file's fsyncs below would hold
-	// until the runtime hands it on (a few hundred microseconds in front of
-	// every result on a busy host, measured).
-	runtime.Gosched()
-	werr := writeAtomic(file, rec)
-	if werr != nil {
-		o.log.Error().Err(werr).Str("key", key).Msg("result not stored on disk; posting from memory")
-		file = ""
-	} else {
-		// Stored: the job is accounted for without its journal entry.
-		o.endJob(key)
-	}
-	stored <- file
-	return werr
+	o.start(record{Key: key, Path: path, Body: body, At: messages.Epoch(time.Now().Unix())}, "")
+	return nil
 }
 
 // Pending is how many results are not posted yet.
@@ -298,9 +297,9 @@ func (o *Outbox) remember(key string) {
 	}
 }
 
-// start posts rec in the background. stored yields the file that holds
-// rec once it is written ("" when it could not be).
-func (o *Outbox) start(rec record, stored <-chan string) {
+// start posts rec in the background. file is where rec is stored already
+// ("": not stored yet).
+func (o *Outbox) start(rec record, file string) {
 	o.mu.Lock()
 	if o.pending == 0 {
 		o.idle = make(chan struct{})
@@ -308,13 +307,15 @@ func (o *Outbox) start(rec record, stored <-chan string) {
 	o.pending++
 	o.mu.Unlock()
 	o.wg.Add(1)
-	go o.deliver(rec, stored)
+	go o.deliver(rec, file)
 }
 
 // deliver posts one result until it is accepted, refused for good, or the
-// outbox is cancelled; then it removes the stored file, if any, once it is
-// written. A cancelled delivery leaves the file for the next run.
-func (o *Outbox) deliver(rec record, stored <-chan string) {
+// outbox is cancelled; then it removes the stored file, if any. A result
+// not stored yet is stored once its first post fails, or once that post
+// has been on the way for storeAfter; a result accepted before that is
+// never written. A cancelled delivery leaves the file for the next run.
+func (o *Outbox) deliver(rec record, file string) {
 	defer func() {
 		o.mu.Lock()
 		o.pending--
@@ -325,9 +326,42 @@ func (o *Outbox) deliver(rec record, stored <-chan string) {
 		o.wg.Done()
 	}()
 	log := o.log.With().Str("key", rec.Key).Logger()
+	var (
+		once   sync.Once
+		timer  *time.Timer
+		stored = file != ""
+	)
+	// store writes rec once, from the timer or from this goroutine,
+	// whichever is first; a second call waits for the first to finish.
+	store := func() {
+		once.Do(func() {
+			if stored {
+				return
+			}
+			f := filepath.Join(o.dir, fileName(rec.Key))
+			if err := writeAtomic(f, rec); err != nil {
+				log.Error().Err(err).Msg("result not stored on disk; posting from memory")
+				return
+			}
+			file, stored = f, true
+			// Stored: the job is accounted for without its journal entry.
+			o.endJob(rec.Key)
+		})
+	}
+	if !stored {
+		timer = time.AfterFunc(o.storeAfter, store)
+	}
 	wait := backoff.Backoff{Min: o.min, Max: o.max, Rand: o.rand}
 	for attempt := 1; ; attempt++ {
 		err := o.attempt(rec)
+		if attempt == 1 && timer != nil && timer.Stop() && err == nil {
+			// Accepted before the grace ran out: never stored, and the
+			// journal entry stood for it until now.
+			o.endJob(rec.Key)
+			return
+		}
+		// From here on the result is (being) stored, or could not be.
+		store()
 		if err == nil {
 			break
 		}
@@ -344,8 +378,7 @@ func (o *Outbox) deliver(rec record, stored <-chan string) {
 			return
 		}
 	}
-	file := <-stored
-	if file == "" {
+	if !stored {
 		// Never stored: the journal entry stood for it until now.
 		o.endJob(rec.Key)
 		return

@@ -18,6 +18,7 @@ import (
 	"nymph/daemon/outbox"
 	"nymph/daemon/uplink"
 	"nymph/messages"
+	"nymph/test/wait"
 )
 
 // cp is a tiny control plane that fails the first `fail` posts per path with
@@ -214,5 +215,180 @@ func TestCancelledPostThatIsNotOursIsRetried(t *testing.T) {
 	waitNoFiles(t, dir)
 	if err := o.Close(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// heldCP holds every post until the test releases it, noting the stored
+// result files it finds on disk while the post is held.
+type heldCP struct {
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func newHeldCP(t *testing.T) (*heldCP, *uplink.Client) {
+	t.Helper()
+	c := &heldCP{arrived: make(chan struct{}, 16), release: make(chan struct{})}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.arrived <- struct{}{}
+		select {
+		case <-c.release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() {
+		select {
+		case <-c.release:
+		default:
+			close(c.release)
+		}
+	})
+	client, err := uplink.New(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, client
+}
+
+// A result the control plane accepts within the store grace is never
+// written to disk: the post is all it costs.
+func TestResultAcceptedAtOnceIsNeverStored(t *testing.T) {
+	dir := t.TempDir()
+	var onDisk []string
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		onDisk = append(onDisk, files(t, dir)...)
+	}))
+	t.Cleanup(srv.Close)
+	client, err := uplink.New(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := outbox.Open(dir, client, zerolog.Nop(), outbox.WithStoreAfter(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Begin(outbox.JobExec, "e1", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.ExecResult("e1", &messages.ExecResult{ExitCode: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(onDisk) != 0 || len(files(t, dir)) != 0 {
+		t.Fatalf("stored while the post was on the way: %v; after: %v", onDisk, files(t, dir))
+	}
+	if got := openJobs(t, dir); len(got) != 0 {
+		t.Fatalf("journal holds %v once the result was accepted", got)
+	}
+	if err := o.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A post still on the way after the grace has its result stored, and the
+// job leaves the journal then; the file goes once the post is accepted.
+func TestSlowPostIsStoredAfterTheGrace(t *testing.T) {
+	c, client := newHeldCP(t)
+	dir := t.TempDir()
+	o, err := outbox.Open(dir, client, zerolog.Nop(), outbox.WithStoreAfter(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Begin(outbox.JobExec, "e1", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.ExecResult("e1", &messages.ExecResult{ExitCode: 3}); err != nil {
+		t.Fatal(err)
+	}
+	<-c.arrived
+	wait.For(t, 10*time.Second, "the held result to be stored and its journal entry ended", func() bool {
+		return len(files(t, dir)) == 1 && len(openJobs(t, dir)) == 0
+	})
+	close(c.release)
+	if err := o.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f := files(t, dir); len(f) != 0 {
+		t.Fatalf("files left once accepted: %v", f)
+	}
+	if err := o.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A first post that fails is stored before it is retried, however long
+// the grace: a control plane that is away costs no result.
+func TestFailedFirstPostIsStoredAtOnce(t *testing.T) {
+	c, client := newCP(t, http.StatusServiceUnavailable)
+	c.fail["/v1/daemon/exec/e1/result"] = 1 << 30
+	dir := t.TempDir()
+	o, err := outbox.Open(dir, client, zerolog.Nop(), outbox.WithStoreAfter(time.Hour), outbox.WithBackoff(time.Millisecond, 2*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.ExecResult("e1", &messages.ExecResult{ExitCode: 3}); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "the refused result to be stored", func() bool { return len(files(t, dir)) == 1 })
+	c.mu.Lock()
+	c.fail["/v1/daemon/exec/e1/result"] = 0
+	c.mu.Unlock()
+	waitAccepted(t, c, "/v1/daemon/exec/e1/result")
+	if err := o.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f := files(t, dir); len(f) != 0 {
+		t.Fatalf("files left once accepted: %v", f)
+	}
+	if err := o.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A daemon that dies while a result is neither accepted nor stored loses
+// nothing: the job is still in the journal, and the next start reports it
+// interrupted. What such a death leaves is the directory as it is while
+// the post is on the way, copied here.
+func TestDeathBeforeTheResultIsStoredReportsTheJob(t *testing.T) {
+	held, heldClient := newHeldCP(t)
+	dir := t.TempDir()
+	dying, err := outbox.Open(dir, heldClient, zerolog.Nop(), outbox.WithStoreAfter(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeNow(dying)
+	if err := dying.Begin(outbox.JobExec, "e1", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := dying.ExecResult("e1", &messages.ExecResult{ExitCode: 3}); err != nil {
+		t.Fatal(err)
+	}
+	<-held.arrived
+	left := t.TempDir()
+	if err := os.CopyFS(left, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+
+	rec, client := newRecordingCP(t)
+	next := open(t, left, client, zerolog.Nop())
+	got, err := next.Recover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].ID != "e1" {
+		t.Fatalf("recovered %+v, want e1", got)
+	}
+	if err := next.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := rec.posted(); len(r["e1"]) != 1 || r["e1"][0].ExitCode != messages.ExitFailed {
+		t.Fatalf("e1 reported %+v", r["e1"])
 	}
 }

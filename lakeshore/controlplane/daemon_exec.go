@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 
 	"nymph/lakeshore/operatorapi"
 	"nymph/lakeshore/store"
@@ -77,6 +78,9 @@ func (s *Server) handleExecResult(w http.ResponseWriter, r *http.Request) {
 	// The state is checked again where the result is stored: the lost
 	// sweep may have finished the exec since authorizeExec read it.
 	err = s.st.FinishRunningExec(r.Context(), id, stored, s.now())
+	if err == nil || errors.Is(err, store.ErrExecFinished) || isNotFound(err) {
+		s.handedOver.forget(id)
+	}
 	if err != nil {
 		if rerr := execStateError(err, "a result is accepted once"); rerr != nil {
 			s.log.Info().Err(err).Str("exec_id", id).Msg("exec result refused")
@@ -128,7 +132,15 @@ func (s *Server) authorizeExec(w http.ResponseWriter, r *http.Request, id, finis
 	if !ok {
 		return daemonPrincipal{}, false
 	}
-	ex, err := s.st.Exec(r.Context(), id)
+	// An exec this process delivered is known without a read: its worker
+	// and namespace never change, and it was running when it was handed
+	// over. Whether it still runs is checked again where the report is
+	// stored (a refusal then costs only the body read).
+	ex, known := s.handedOver.get(id)
+	var err error
+	if !known {
+		ex, err = s.st.Exec(r.Context(), id)
+	}
 	if isNotFound(err) || err == nil && ex.Namespace != p.namespace {
 		return refuse(errUnknownExec)
 	}
@@ -181,6 +193,67 @@ func execStateError(err error, finished string) error {
 		return badField(http.StatusConflict, "exec_id", "this exec has finished: %s", finished)
 	}
 	return nil
+}
+
+// maxDeliveredExecs bounds the execs deliveredExecs remembers: far more
+// than run at once on any fleet this serves; past it the oldest go (a
+// forgotten one costs its report one read).
+const maxDeliveredExecs = 1 << 16
+
+// deliveredExecs remembers the execs this process handed to their worker,
+// until their result is stored: what authorizeExec needs of each (its
+// worker and namespace, and that it was running), so the result of every
+// exec delivered here is authorized without reading its row. Safe for
+// concurrent use.
+type deliveredExecs struct {
+	mu    sync.Mutex
+	max   int
+	m     map[string]store.Exec
+	order []string // ids in the order noted; some may be forgotten already
+}
+
+func newDeliveredExecs(max int) *deliveredExecs {
+	return &deliveredExecs{max: max, m: map[string]store.Exec{}}
+}
+
+// note remembers exec id, delivered to worker workerID of namespace ns.
+func (d *deliveredExecs) note(id, ns, workerID string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.m[id]; ok {
+		return
+	}
+	for len(d.m) >= d.max && len(d.order) > 0 {
+		delete(d.m, d.order[0])
+		d.order = d.order[1:]
+	}
+	d.m[id] = store.Exec{ID: id, Namespace: ns, WorkerID: workerID, State: operatorapi.ExecRunning}
+	d.order = append(d.order, id)
+	if len(d.order) > 2*d.max {
+		// Mostly forgotten ids: keep the ones still remembered.
+		live := d.order[:0]
+		for _, x := range d.order {
+			if _, ok := d.m[x]; ok {
+				live = append(live, x)
+			}
+		}
+		d.order = live
+	}
+}
+
+// get returns what is remembered of exec id.
+func (d *deliveredExecs) get(id string) (store.Exec, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.m[id]
+	return e, ok
+}
+
+// forget drops exec id: its result is stored (or it is gone).
+func (d *deliveredExecs) forget(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.m, id)
 }
 
 var errUnknownExec = badField(http.StatusNotFound, "exec_id", "unknown exec")

@@ -183,6 +183,13 @@ func (s *Server) beginPoll(w http.ResponseWriter, r *http.Request) *pollState {
 		legacy: cursor == nil, watch: req.Hibernating, timeout: s.pollWait(req.TimeoutS)}
 	ps.workerID = req.WorkerID
 	view, gen, kind := s.presence.look(req.WorkerID, req.Queue, cursor, len(req.Invocations) > 0, req.UpdatedCapabilities != nil, ps.now)
+	if kind == pollAckOnly {
+		var ok bool
+		if kind, ok = s.ackOnly(w, r, ps, view, *cursor); !ok {
+			return nil
+		}
+		view, gen = ps.view, ps.gen
+	}
 	ps.view, ps.gen, ps.quiet = view, gen, kind == pollQuiet
 	if !ps.quiet {
 		if kind == pollAck {
@@ -234,6 +241,36 @@ func (s *Server) beginPoll(w http.ResponseWriter, r *http.Request) *pollState {
 		ps.after = min(*cursor, ps.view.deliveredSeq)
 	}
 	return ps
+}
+
+// ackOnly writes the acknowledgement of a pollAckOnly poll and nothing
+// else, and turns it into a quiet poll on the memo (ps.view, ps.gen): the
+// poll after every delivery costs one small write, not RecordPoll's.
+// Should the memo stop holding meanwhile, the poll goes the full way
+// (pollFull). false: answered already.
+func (s *Server) ackOnly(w http.ResponseWriter, r *http.Request, ps *pollState, view pollView, cursor int64) (pollKind, bool) {
+	// The store clamps the cursor to what was delivered, as RecordPoll
+	// does (another replica may have delivered more than the memo knows).
+	acked, err := s.st.AckThrough(r.Context(), view.id, cursor, ps.now)
+	switch {
+	case isNotFound(err):
+		s.presence.drop(view.id)
+		writeDaemonError(w, errUnknownWorker)
+		return 0, false
+	case err != nil && r.Context().Err() != nil:
+		ps.logger().Debug().Err(err).Msg("poll abandoned by the daemon")
+		return 0, false
+	case err != nil:
+		ps.logger().Error().Err(err).Msg("poll: store")
+		writeDaemonError(w, err)
+		return 0, false
+	}
+	v, gen, ok := s.presence.acked(view.id, acked, ps.now)
+	if !ok {
+		return pollFull, true
+	}
+	ps.view, ps.gen = v, gen
+	return pollQuiet, true
 }
 
 // lookDue claims and takes what the worker is due; true when the poll is
@@ -321,6 +358,7 @@ func (s *Server) writePollResponse(ctx context.Context, w http.ResponseWriter, w
 		next = max(next, c.Seq)
 		if c.Kind == messages.KindExec {
 			if e, ok := messages.DecodeCommand(messages.Command{Kind: c.Kind, Body: c.Body}).(*messages.Exec); ok {
+				s.handedOver.note(e.ExecID, wk.namespace, wk.id)
 				s.wake.broadcast(execKey(e.ExecID))
 				log.Debug().Str("exec_id", e.ExecID).Str("command_id", c.ID).Msg("exec delivered")
 			}

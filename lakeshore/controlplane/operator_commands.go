@@ -19,7 +19,7 @@ func (s *Server) enqueue(r *http.Request, wk store.Worker, kind string, body any
 		return store.Command{}, badField(http.StatusBadRequest, "body", "cannot encode the %s command: %v", kind, err)
 	}
 	c, err := s.st.Enqueue(r.Context(), store.NewCommand{
-		ID: id, WorkerID: wk.ID, Kind: kind, Body: cmd.Body, Now: s.now(), HibernateUntil: hibernateUntil,
+		ID: id, WorkerID: wk.ID, Namespace: wk.Namespace, Kind: kind, Body: cmd.Body, Now: s.now(), HibernateUntil: hibernateUntil,
 	}, exec)
 	if isNotFound(err) {
 		return store.Command{}, errNoSuchWorker

@@ -59,18 +59,22 @@ func (s *Server) buildExec(r *http.Request, req operatorapi.ExecRequest, execID 
 
 // submitExec queues req for wk and answers. repick, for an exec routed to
 // a queue, picks another member when wk turns out to be a single-job
-// daemon that another job took meanwhile.
-func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Worker, req operatorapi.ExecRequest, repick workerPicker) {
+// daemon that another job took meanwhile. wk with no state is a worker
+// addressed by id and not read (byWorkerID): the enqueue tells the rest
+// of it, and false means no worker of its namespace has that id, or a
+// single-job one refused the exec; nothing was queued or answered.
+func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Worker, req operatorapi.ExecRequest, repick workerPicker) bool {
+	unread := wk.State == ""
 	wait, err := parseWait(r.URL.Query().Get("wait"), s.waitCap)
 	if err != nil {
 		writeOperatorError(w, err)
-		return
+		return true
 	}
 	id := newExecID()
 	body, err := s.buildExec(r, req, id)
 	if err != nil {
 		writeOperatorError(w, err)
-		return
+		return true
 	}
 	newExec := &store.NewExec{ID: id, Namespace: wk.Namespace, Command: req.Command, Stream: req.Stream}
 	// A waiting submission subscribes before the exec exists: whatever
@@ -82,7 +86,18 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 		first = &subscription{woken: woken, release: release}
 		defer release()
 	}
-	_, err = s.enqueue(r, wk, messages.KindExec, body, newExec, nil)
+	c, err := s.enqueue(r, wk, messages.KindExec, body, newExec, nil)
+	if unread {
+		var taken *singleJobConflict
+		if errors.Is(err, errNoSuchWorker) || errors.As(err, &taken) {
+			// Not found, or refused with a message that names the
+			// worker's label: the caller reads the worker and
+			// submits again.
+			return false
+		}
+		wk = s.withSeen(store.Worker{ID: wk.ID, Namespace: c.Worker.Namespace, Label: c.Worker.Label, State: c.Worker.State,
+			LastSeenAt: c.Worker.LastSeenAt, HibernatingUntil: c.Worker.HibernatingUntil})
+	}
 	for skip := map[string]bool{}; repick != nil; {
 		var taken *singleJobConflict
 		if !errors.As(err, &taken) {
@@ -96,7 +111,7 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 	}
 	if err != nil {
 		writeOperatorError(w, err)
-		return
+		return true
 	}
 	now := s.now()
 	seen := wk.LastSeenAt
@@ -106,7 +121,7 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 	}
 	if wait == 0 {
 		writeJSON(w, http.StatusAccepted, acc)
-		return
+		return true
 	}
 	// The id goes out before the wait, so a client that loses the
 	// connection while waiting still knows which exec to follow. Only an
@@ -116,24 +131,41 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 	w.WriteHeader(http.StatusAccepted)
 	enc := json.NewEncoder(w)
 	if err := enc.Encode(acc); err != nil {
-		return
+		return true
 	}
 	if err := http.NewResponseController(w).Flush(); err != nil {
 		s.log.Warn().Err(err).Str("exec_id", id).Msg("cannot flush the accepted exec before waiting")
 	}
 	e, err := s.awaitExecFrom(r, wk.Namespace, id, wait, 0, true, first)
 	if err != nil {
-		return // the client carries on with RouteGetExec
+		return true // the client carries on with RouteGetExec
 	}
 	view, err := s.execView(r, e, 0)
 	if err != nil {
 		s.log.Error().Err(err).Str("exec_id", id).Msg("exec snapshot after submission")
-		return
+		return true
 	}
 	_ = enc.Encode(view)
+	return true
 }
 
 func (s *Server) handleWorkerExec(w http.ResponseWriter, r *http.Request) {
+	if wk, ok := s.byWorkerID(r); ok {
+		// Addressed by id: the enqueue finds the worker and tells what
+		// the answer shows of it, with no read first. An id that names
+		// no worker of the namespace may still be a label (or name
+		// nothing): that goes the way of every label, below.
+		req, err := readExecRequest(w, r)
+		if err != nil {
+			writeOperatorError(w, err)
+			return
+		}
+		if s.submitExec(w, r, wk, req, nil) {
+			return
+		}
+		s.execByLabel(w, r, req)
+		return
+	}
 	wk, err := s.resolveWorker(r)
 	var req operatorapi.ExecRequest
 	if err == nil {
@@ -144,6 +176,31 @@ func (s *Server) handleWorkerExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.submitExec(w, r, wk, req, nil)
+}
+
+// execByLabel submits req for the worker the path names, read first.
+func (s *Server) execByLabel(w http.ResponseWriter, r *http.Request, req operatorapi.ExecRequest) {
+	wk, err := s.resolveWorker(r)
+	if err != nil {
+		writeOperatorError(w, err)
+		return
+	}
+	s.submitExec(w, r, wk, req, nil)
+}
+
+// byWorkerID returns the worker the request's path names when the name is
+// shaped as a worker id (24 hex digits, newWorkerID), with only its id and
+// namespace known (unread): the enqueue finds it and fills in the rest.
+func (s *Server) byWorkerID(r *http.Request) (store.Worker, bool) {
+	id := r.PathValue("id")
+	if len(id) != 24 || strings.Trim(id, "0123456789abcdef") != "" {
+		return store.Worker{}, false
+	}
+	ns, err := namespace(r)
+	if err != nil {
+		return store.Worker{}, false
+	}
+	return store.Worker{ID: id, Namespace: ns}, true
 }
 
 func (s *Server) handleQueueExec(w http.ResponseWriter, r *http.Request) {

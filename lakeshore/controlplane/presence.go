@@ -145,9 +145,10 @@ type pollView struct {
 type pollKind int
 
 const (
-	pollFull  pollKind = iota // anything may change: record it, claim, take
-	pollAck                   // only its cursor acknowledges commands: record it
-	pollQuiet                 // nothing changes but its last seen: from memory
+	pollFull    pollKind = iota // anything may change: record it, claim, take
+	pollAck                     // only its cursor acknowledges commands: record it
+	pollAckOnly                 // as pollAck, of a worker no acknowledgement settles: the ack alone is written
+	pollQuiet                   // nothing changes but its last seen: from memory
 )
 
 // look says how the poll must be served. A quiet poll is noted as seen,
@@ -174,7 +175,12 @@ func (p *presence) look(id string, queue string, cursor *int64, running, capsCha
 		return pollView{}, 0, pollFull
 	case cursor != nil && min(*cursor, m.deliveredSeq) > m.ackedSeq:
 		// The cursor acknowledges something: what every exec's next
-		// poll does.
+		// poll does. Of an active worker, that changes nothing but the
+		// acknowledgement (RecordPoll would settle only a setting_up
+		// worker whose last setup it acknowledges).
+		if m.state == operatorapi.StateActive {
+			return pollView{id: id, namespace: m.namespace, deliveredSeq: m.deliveredSeq, ackedSeq: m.ackedSeq}, e.gen, pollAckOnly
+		}
 		return pollView{}, 0, pollAck
 	}
 	if !e.touched {
@@ -182,6 +188,30 @@ func (p *presence) look(id string, queue string, cursor *int64, running, capsCha
 	}
 	e.seenAt, e.touched, e.lastUsed = now, true, now
 	return pollView{id: id, namespace: m.namespace, deliveredSeq: m.deliveredSeq, ackedSeq: m.ackedSeq}, e.gen, pollQuiet
+}
+
+// acked notes an acknowledgement written for the worker (AckThrough) and
+// the poll that sent it as seen, and returns the memo's view and
+// generation for the poll to go on as a quiet one; false when the memo
+// stopped holding meanwhile (the poll then goes the full way).
+func (p *presence) acked(id string, ackedSeq int64, now time.Time) (pollView, uint64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.m[id]
+	if e == nil || !e.valid {
+		return pollView{}, 0, false
+	}
+	m := &e.m
+	// Acknowledged is delivered, and queued: what another replica handed
+	// over is known from here on too.
+	m.ackedSeq = max(m.ackedSeq, ackedSeq)
+	m.deliveredSeq = max(m.deliveredSeq, m.ackedSeq)
+	m.lastSeq = max(m.lastSeq, m.deliveredSeq)
+	if !e.touched {
+		p.dirty = append(p.dirty, id)
+	}
+	e.seenAt, e.touched, e.lastUsed = now, true, now
+	return pollView{id: id, namespace: m.namespace, deliveredSeq: m.deliveredSeq, ackedSeq: m.ackedSeq}, e.gen, true
 }
 
 // current returns the worker's generation, the memo left as it is.
@@ -283,8 +313,10 @@ func (p *presence) queued(id string) {
 // generation gen: the memo's delivered seq moves to the last of them (so
 // the cursor acknowledging them is recorded), and, unless something was
 // queued since or the batch was full, nothing is due to take any more. A
-// legacy delivery (acknowledged as sent) or a hibernate (whose deadline
-// the worker now shows) changes more than that: the memo goes.
+// legacy delivery (acknowledged as sent), a hibernate (whose deadline
+// the worker now shows) or a setup (whose enqueue made the worker
+// setting_up, and whose acknowledgement RecordPoll settles) changes more
+// than that: the memo goes.
 func (p *presence) delivered(id string, gen uint64, cmds []store.Command, legacy bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -298,7 +330,7 @@ func (p *presence) delivered(id string, gen uint64, cmds []store.Command, legacy
 		return
 	}
 	for _, c := range cmds {
-		if legacy || c.Kind == store.KindHibernate {
+		if legacy || c.Kind == store.KindHibernate || c.Kind == store.KindSetup {
 			e.valid = false
 			return
 		}

@@ -52,6 +52,16 @@ func (c *countingStore) RecordPoll(ctx context.Context, p store.Poll) (store.Wor
 	return c.Store.RecordPoll(ctx, p)
 }
 
+func (c *countingStore) AckThrough(ctx context.Context, id string, cursor int64, now time.Time) (int64, error) {
+	c.count("AckThrough")
+	return c.Store.AckThrough(ctx, id, cursor, now)
+}
+
+func (c *countingStore) Exec(ctx context.Context, id string) (store.Exec, error) {
+	c.count("Exec")
+	return c.Store.Exec(ctx, id)
+}
+
 func (c *countingStore) TouchWorkers(ctx context.Context, seen []store.Seen) ([]string, error) {
 	c.count("TouchWorkers")
 	return c.Store.TouchWorkers(ctx, seen)
@@ -169,8 +179,8 @@ func TestEmptyPollTouchesNoStore(t *testing.T) {
 	}
 	next := *p.Cursor
 	poll(messages.PollRequest{Cursor: &next}) // acknowledges it
-	if calls := cs.take(); calls != "RecordPoll×I" {
-		t.Fatalf("the poll acknowledging the exec called %q: want its RecordPoll alone", calls)
+	if calls := cs.take(); calls != "AckThrough×I" {
+		t.Fatalf("the poll acknowledging the exec called %q: want its AckThrough alone", calls)
 	}
 	if cmds, _ := cs.ListCommands(context.Background(), id); len(cmds) != 1 || cmds[0].AckedAt == nil {
 		t.Fatalf("exec command after the acknowledging poll: %+v", cmds)
@@ -383,5 +393,92 @@ func TestALabelIsResolvedWithoutReadingTheFleet(t *testing.T) {
 	}
 	if r := e.op(http.MethodGet, "/v1/namespaces/default/workers/gpu", nil); r.status != http.StatusNotFound {
 		t.Fatalf("a label prefix is not a label: %d %s", r.status, r.body)
+	}
+}
+
+// TestExecByIDReadsNoWorker: an exec addressed by worker id reads no
+// worker before it is queued (the enqueue tells what the answer shows);
+// one addressed by label reads it; an id of no worker of the namespace is
+// a 404 that queues nothing.
+func TestExecByIDReadsNoWorker(t *testing.T) {
+	cs := openCounting(t)
+	e := newEnv(t, func(c *Config) { c.Store = cs })
+	id, cur := e.hello("m", "by-id")
+	e.poll(id, &cur, 0, "")
+	cs.take()
+	acc := e.exec(id, operatorapi.ExecRequest{Command: "true"})
+	if calls := cs.take(); strings.Contains(calls, "Worker") {
+		t.Fatalf("an exec by id called %q: want no worker read", calls)
+	}
+	if acc.WorkerID != id || acc.Label != "by-id" || acc.WorkerState != operatorapi.StateActive || acc.LastSeenAt == nil || acc.LastSeenAt.IsZero() {
+		t.Fatalf("accepted %+v, want the worker's id, label, state and last seen", acc)
+	}
+	byLabel := e.exec("by-id", operatorapi.ExecRequest{Command: "true"})
+	if calls := cs.take(); !strings.Contains(calls, "Worker") || byLabel.WorkerID != id {
+		t.Fatalf("an exec by label called %q and went to %s", calls, byLabel.WorkerID)
+	}
+	for _, path := range []string{
+		"/v1/namespaces/other/workers/" + id + "/exec",
+		"/v1/namespaces/default/workers/0123456789abcdef01234567/exec",
+	} {
+		r := e.op(http.MethodPost, path, operatorapi.ExecRequest{Command: "true"})
+		if r.status != http.StatusNotFound {
+			t.Fatalf("%s: %d %s, want 404", path, r.status, r.body)
+		}
+	}
+	if cmds, _ := cs.ListCommands(context.Background(), id); len(cmds) != 2 {
+		t.Fatalf("commands queued: %d, want the two execs alone", len(cmds))
+	}
+}
+
+// TestResultOfAnExecDeliveredHereReadsNoExec: the result of an exec this
+// process handed to its worker is authorized from memory, without a read
+// of the exec; a second result is refused as before, after a read.
+func TestResultOfAnExecDeliveredHereReadsNoExec(t *testing.T) {
+	cs := openCounting(t)
+	e := newEnv(t, func(c *Config) { c.Store = cs })
+	id, cur := e.hello("m", "results")
+	acc := e.exec(id, operatorapi.ExecRequest{Command: "true"})
+	if p := e.poll(id, &cur, 0, ""); len(p.Commands) != 1 {
+		t.Fatalf("poll answered %v, want the exec", commandsOf(p))
+	}
+	cs.take()
+	path := "/v1/daemon/exec/" + acc.ExecID + "/result"
+	if r := e.daemon(path, &messages.ExecResult{ExitCode: 3}); r.status != http.StatusOK {
+		t.Fatalf("result: %d %s", r.status, r.body)
+	}
+	if calls := cs.take(); strings.Contains(calls, "Exec×") {
+		t.Fatalf("the result of an exec delivered here called %q: want no exec read", calls)
+	}
+	if got := e.getExec(acc.ExecID, ""); got.State != operatorapi.ExecFinished || got.Result == nil || got.Result.ExitCode != 3 {
+		t.Fatalf("exec after its result: %+v", got)
+	}
+	if r := e.daemon(path, &messages.ExecResult{ExitCode: 4}); r.status != http.StatusConflict {
+		t.Fatalf("second result: %d %s, want 409", r.status, r.body)
+	}
+}
+
+// TestAckOfASetupSettlesTheWorker: a worker whose memo holds (it polled,
+// quietly, before) goes setting_up when a setup is queued, and the poll
+// that acknowledges the setup makes it active again, as RecordPoll does:
+// the light acknowledgement is not for a worker a setup is settling.
+func TestAckOfASetupSettlesTheWorker(t *testing.T) {
+	e := newEnv(t)
+	id, cur := e.hello("m", "settles")
+	p := e.poll(id, &cur, 0, "")
+	p = e.poll(id, p.Cursor, 0, "") // quiet: from the memo
+	if r := e.op(http.MethodPost, "/v1/namespaces/default/workers/"+id+"/setup", operatorapi.SetupRequest{Script: "true"}); r.status != http.StatusAccepted {
+		t.Fatalf("setup: %d %s", r.status, r.body)
+	}
+	p = e.poll(id, p.Cursor, 0, "")
+	if got := commandsOf(p); len(got) != 1 || got[0] != "setup" {
+		t.Fatalf("poll after the setup answered %v", got)
+	}
+	if w := e.worker(id); w.State != operatorapi.StateSettingUp {
+		t.Fatalf("worker is %s with its setup delivered, want setting_up", w.State)
+	}
+	e.poll(id, p.Cursor, 0, "") // acknowledges it
+	if w := e.worker(id); w.State != operatorapi.StateActive || w.SetupPending != 0 {
+		t.Fatalf("worker is %s (%d setups pending) once its setup is acknowledged, want active", w.State, w.SetupPending)
 	}
 }

@@ -160,6 +160,7 @@ type Server struct {
 	addr              string
 	wake              *hub
 	presence          *presence
+	handedOver        *deliveredExecs
 	caches            *caches
 	handler           http.Handler
 	rel               releaseState
@@ -270,6 +271,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		s.launchers.dir = filepath.Join(cfg.DataDir, "providers")
 	}
 	s.presence = newPresence(&s.caches.live)
+	s.handedOver = newDeliveredExecs(maxDeliveredExecs)
 	if s.maxConnsPerIP = cfg.MaxConnsPerIP; s.maxConnsPerIP < 0 {
 		return nil, fmt.Errorf("controlplane: MaxConnsPerIP %d: must not be negative", cfg.MaxConnsPerIP)
 	}

@@ -168,6 +168,13 @@ type Workers interface {
 	// joining worker, or a setting_up one with no setup awaiting
 	// acknowledgement, becomes active.
 	RecordPoll(ctx context.Context, p Poll) (Worker, error)
+	// AckThrough notes a poll whose only news is its cursor: every command
+	// with seq <= cursor (clamped to what was ever delivered) is
+	// acknowledged on behalf of the worker's current incarnation, as
+	// RecordPoll acknowledges, and nothing else of the worker is written
+	// (its last seen is the caller's to note, with TouchWorkers). It
+	// returns the worker's acknowledged seq afterwards.
+	AckThrough(ctx context.Context, workerID string, cursor int64, now time.Time) (int64, error)
 	// TouchWorkers records that each worker was seen at its time (polls
 	// that changed nothing else, noted in memory and written in batches):
 	// a worker's last seen becomes the later of the stored time and the
@@ -194,7 +201,9 @@ type Commands interface {
 	// shows the deadline it serves. A wake (a hibernate whose HibernateUntil
 	// is not after Now) withdraws the hibernates not yet delivered.
 	// A job for a single-job worker that already has its job (Worker.HasJob)
-	// is refused with a *SingleJobError.
+	// is refused with a *SingleJobError. With c.Namespace set, a worker of
+	// another namespace is not found, and nothing is queued. The command
+	// returned tells of the worker as the enqueue left it (Command.Worker).
 	Enqueue(ctx context.Context, c NewCommand, e *NewExec) (Command, error)
 	// Take returns up to limit unacknowledged commands of a worker with
 	// seq > after, in order, ending early after a hibernate (the daemon
@@ -419,9 +428,12 @@ type Seen struct {
 type NewCommand struct {
 	ID       string
 	WorkerID string
-	Kind     string
-	Body     []byte
-	Now      time.Time
+	// Namespace, when set, is the worker's: a worker of another namespace
+	// is not found.
+	Namespace string
+	Kind      string
+	Body      []byte
+	Now       time.Time
 	// HibernateUntil is a hibernate command's deadline (see Enqueue); not
 	// after Now, the command is a wake.
 	HibernateUntil *time.Time
@@ -440,6 +452,17 @@ type Command struct {
 	// Ends, from Enqueue of a wake only, is the deadline of the hibernation
 	// in force that the wake ends (nil: the worker was not hibernating).
 	Ends *time.Time
+	// Worker, from Enqueue only, is the worker as the enqueue left it.
+	Worker EnqueuedWorker
+}
+
+// EnqueuedWorker is what Enqueue tells of the worker it queued for: what
+// an operator's answer shows of it, so the caller that addressed the
+// worker by id needs no read of its own.
+type EnqueuedWorker struct {
+	Namespace, Label, State string
+	LastSeenAt              time.Time
+	HibernatingUntil        *time.Time
 }
 
 // State is queued, delivered or acked.

@@ -19,14 +19,14 @@ func TestBench(t *testing.T) {
 
 	base := baselines(t, rep)
 	cp := harness.StartControlPlane(t, harness.CPOptions{})
-	cp.StartDaemon(t, harness.DaemonOptions{Label: "bench"})
+	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "bench"})
 	cpRSS, err := rssKB(cp.PID())
 	if err != nil {
 		t.Fatal(err)
 	}
 	rep.add("lakeshore serve idle RSS (one daemon polling)", fmt.Sprintf("%.1f MB", float64(cpRSS)/1024), "", 0, "<= 40 MB", boolp(cpRSS <= 40*1024))
 	cliStartRows(t, rep, cp, base)
-	execRT, perSec := execRows(t, rep, cp, "bench", base)
+	execRT, perSec := execRows(t, rep, cp, "bench", d.PID(), base)
 
 	runRows(t, rep, cp, execRT, perSec)
 	otaRows(t, rep, cp)

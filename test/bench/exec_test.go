@@ -24,9 +24,9 @@ func TestExecBench(t *testing.T) {
 
 	base := baselines(t, rep)
 	cp := harness.StartControlPlane(t, harness.CPOptions{})
-	cp.StartDaemon(t, harness.DaemonOptions{Label: "bench"})
+	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "bench"})
 	cliStartRows(t, rep, cp, base)
-	execRows(t, rep, cp, "bench", base)
+	execRows(t, rep, cp, "bench", d.PID(), base)
 }
 
 // base holds the baselines every ratio is taken against.
@@ -52,12 +52,14 @@ func baselines(t *testing.T, rep *report) base {
 	return b
 }
 
-// execRows measures the single exec path on the daemon labelled label: the
-// CLI's `daemon exec <d> true` round trip against ssh, and 1,000
-// back-to-back execs through opclient (queue and wait in one request, as
-// the CLI does) against the raw spawn rate of `bash -c true`. It returns
+// execRows measures the single exec path on the daemon labelled label
+// (process daemonPID): the CLI's `daemon exec <d> true` round trip against
+// ssh, and 1,000 back-to-back execs through opclient (queue and wait in one
+// request, as the CLI does) against the raw spawn rate of `bash -c true`,
+// with the CPU each process on the path spent per exec (on a machine of
+// two cores the path is serial, so its CPU is its wall time). It returns
 // the round trip and the rate, the baselines of later rows.
-func execRows(t *testing.T, rep *report, cp *harness.ControlPlane, label string, b base) (time.Duration, float64) {
+func execRows(t *testing.T, rep *report, cp *harness.ControlPlane, label string, daemonPID int, b base) (time.Duration, float64) {
 	t.Helper()
 	ctx := context.Background()
 	execRT := timeN(t, 30, func() error {
@@ -77,6 +79,22 @@ func execRows(t *testing.T, rep *report, cp *harness.ControlPlane, label string,
 	}
 	w := cp.WaitForWorker(t, label)
 	const n = 1000
+	cpu := func() [4]time.Duration {
+		var c [4]time.Duration
+		var err error
+		c[0], _, err = procCPU(cp.PID())
+		if err == nil {
+			c[1], c[2], err = procCPU(daemonPID)
+		}
+		if err == nil {
+			c[3], _, err = procCPU(os.Getpid())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	cpu0 := cpu()
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		acc, first, err := client.SubmitExec(ctx, w.ID, operatorapi.ExecRequest{Command: "true"}, 20*time.Second)
@@ -92,7 +110,11 @@ func execRows(t *testing.T, rep *report, cp *harness.ControlPlane, label string,
 		}
 	}
 	perSec := float64(n) / time.Since(start).Seconds()
+	cpu1 := cpu()
 	rawRate := 1 / b.bash.Seconds()
 	rep.add(fmt.Sprintf("%d back-to-back execs on one daemon", n), fmt.Sprintf("%.0f /s", perSec), fmt.Sprintf("raw spawn %.0f /s", rawRate), perSec/rawRate, ">= 0.5 x raw spawn", boolp(perSec >= 0.5*rawRate))
+	for i, who := range []string{"lakeshore serve", "nymph itself", "nymph's children (bash)", "the operator client"} {
+		rep.add("  CPU per exec: "+who, ms((cpu1[i]-cpu0[i])/n), "", 0, "", nil)
+	}
 	return execRT, perSec
 }

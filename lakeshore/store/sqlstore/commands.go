@@ -38,7 +38,7 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 		if store.IsJob(c.Kind) {
 			// Under the worker's row lock: of two jobs racing for a
 			// single-job worker, one is refused.
-			held, err := heldJob(ctx, tx, c.WorkerID)
+			held, err := heldJob(ctx, tx, c.Namespace, c.WorkerID)
 			if err != nil {
 				return err
 			}
@@ -50,17 +50,25 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 		// any replica get consecutive sequence numbers. A hibernate shows
 		// at once on a worker that is awake; one queued behind the
 		// hibernation in force shows when it is delivered (Take).
+		var (
+			seen  int64
+			until sql.NullInt64
+		)
 		err := tx.QueryRow(ctx, `UPDATE workers SET last_seq = last_seq + 1,
 			state = CASE WHEN CAST(? AS TEXT) = 'setup' AND state IN ('active', 'joining') THEN 'setting_up' ELSE state END,
 			hibernating_until = CASE WHEN hibernating_until IS NULL OR hibernating_until <= ?
 				THEN COALESCE(CAST(? AS BIGINT), hibernating_until) ELSE hibernating_until END
-			WHERE id = ? RETURNING last_seq`, c.Kind, ms(c.Now), hib, c.WorkerID).Scan(&out.Seq)
+			WHERE id = ? AND (CAST(? AS TEXT) = '' OR namespace = ?)
+			RETURNING last_seq, namespace, label, state, last_seen_at, hibernating_until`,
+			c.Kind, ms(c.Now), hib, c.WorkerID, c.Namespace, c.Namespace).Scan(&out.Seq,
+			&out.Worker.Namespace, &out.Worker.Label, &out.Worker.State, &seen, &until)
 		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("worker", c.WorkerID)
 		}
 		if err != nil {
 			return fmt.Errorf("bump seq: %w", err)
 		}
+		out.Worker.LastSeenAt, out.Worker.HibernatingUntil = fromMs(seen), fromNullMs(until)
 		stmts := []Stmt{stmt("insert command", `INSERT INTO commands (id, worker_id, seq, kind, body, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
 			c.ID, c.WorkerID, out.Seq, c.Kind, nonNilBytes(c.Body), ms(c.Now))}
 		if e != nil {

@@ -54,7 +54,7 @@ func (g *groupCommit) run(ctx context.Context, fn func(querier) error) error {
 		return err
 	}
 	w := &groupWrite{ctx: ctx, fn: fn, done: make(chan struct{})}
-	g.q.Add(w)
+	g.q.Run(w)
 	<-w.done
 	return w.err
 }

@@ -264,6 +264,34 @@ func (db *DB) RecordPoll(ctx context.Context, p store.Poll) (store.Worker, error
 	return out, nil
 }
 
+// AckThrough implements store.Workers: RecordPoll's acknowledgement alone,
+// for the poll that follows every delivery (it only acknowledges what it
+// received), without the worker's row rewritten and read back.
+func (db *DB) AckThrough(ctx context.Context, workerID string, cursor int64, now time.Time) (int64, error) {
+	var acked int64
+	err := db.tx(ctx, func(tx querier) error {
+		var (
+			delivered   int64
+			incarnation string
+		)
+		err := tx.QueryRow(ctx, `SELECT delivered_seq, acked_seq, incarnation FROM workers WHERE id = ?`+tx.d.ForUpdate,
+			workerID).Scan(&delivered, &acked, &incarnation)
+		if errors.Is(err, sql.ErrNoRows) {
+			return notFound("worker", workerID)
+		}
+		if err != nil {
+			return fmt.Errorf("lock worker: %w", err)
+		}
+		c := min(cursor, delivered)
+		acked = max(acked, c)
+		return ackThrough(ctx, tx, workerID, incarnation, c, now)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("ack through %d: %w", cursor, err)
+	}
+	return acked, nil
+}
+
 // touchChunk bounds the workers one statement of TouchWorkers updates;
 // a power of 4.
 const touchChunk = 64
@@ -457,12 +485,13 @@ func jobEnded(ctx context.Context, tx querier, workerID string, seq int64) (bool
 // *store.SingleJobError that refuses another job for a single-job worker
 // that has its job, or nil when it may take one. One statement both locks
 // and reads the worker (lockWorker's round trip saved).
-func heldJob(ctx context.Context, tx querier, workerID string) (*store.SingleJobError, error) {
+func heldJob(ctx context.Context, tx querier, namespace, workerID string) (*store.SingleJobError, error) {
 	var (
 		single bool
 		jobSeq int64
 	)
-	err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ?`+tx.d.ForUpdate, workerID).Scan(&single, &jobSeq)
+	err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ? AND (CAST(? AS TEXT) = '' OR namespace = ?)`+tx.d.ForUpdate,
+		workerID, namespace, namespace).Scan(&single, &jobSeq)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("worker", workerID)
 	}

@@ -40,6 +40,8 @@ func Run(t *testing.T, b Backend) {
 		{"HelloIsIdempotentPerIdentity", testHelloIsIdempotentPerIdentity},
 		{"WorkersByLabel", testWorkersByLabel},
 		{"CursorAckAndRedelivery", testCursorAckAndRedelivery},
+		{"AckThroughAcknowledgesOnly", testAckThroughAcknowledgesOnly},
+		{"EnqueueTellsOfItsWorker", testEnqueueTellsOfItsWorker},
 		{"LegacyDeliveryAndHibernateEndsBatch", testLegacyDeliveryAndHibernateEndsBatch},
 		{"HibernationInForce", testHibernationInForce},
 		{"WakeWithdrawsQueuedHibernates", testWakeWithdrawsQueuedHibernates},

@@ -134,6 +134,89 @@ func testCursorAckAndRedelivery(t *testing.T, e *env) {
 	}
 }
 
+// AckThrough acknowledges as RecordPoll's cursor does, clamped to what was
+// delivered and never backwards, and writes nothing else of the worker.
+func testAckThroughAcknowledgesOnly(t *testing.T, e *env) {
+	db := e.store(t)
+	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
+	enqueue(t, db, w.ID, "c1", "exec")
+	enqueue(t, db, w.ID, "c2", "exec")
+	if got, err := db.Take(bg, w.ID, 0, 100, false, t0); err != nil || !equal(ids(got), []string{"c1", "c2"}) {
+		t.Fatalf("take: %v %v", ids(got), err)
+	}
+	enqueue(t, db, w.ID, "c3", "exec")
+	later := t0.Add(time.Hour)
+	if acked, err := db.AckThrough(bg, w.ID, 1, later); err != nil || acked != 1 {
+		t.Fatalf("ack through 1: %d %v", acked, err)
+	}
+	if got, _ := db.Take(bg, w.ID, 1, 100, false, t0); !equal(ids(got), []string{"c2", "c3"}) {
+		t.Fatalf("after ack 1: %v", ids(got))
+	}
+	// Beyond what was delivered (c3 is now): clamped, c3's delivery kept.
+	enqueue(t, db, w.ID, "c4", "exec")
+	if acked, err := db.AckThrough(bg, w.ID, 99, later); err != nil || acked != 3 {
+		t.Fatalf("ack through 99: %d %v, want 3", acked, err)
+	}
+	if acked, err := db.AckThrough(bg, w.ID, 0, later); err != nil || acked != 3 {
+		t.Fatalf("an older cursor: %d %v, want 3 still", acked, err)
+	}
+	all, err := db.ListCommands(bg, w.ID)
+	if err != nil || len(all) != 4 {
+		t.Fatalf("commands %+v %v", all, err)
+	}
+	for i, want := range []string{store.CommandAcked, store.CommandAcked, store.CommandAcked, store.CommandQueued} {
+		if all[i].State() != want {
+			t.Fatalf("command %s is %s, want %s", all[i].ID, all[i].State(), want)
+		}
+	}
+	wk, err := db.Worker(bg, "", w.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wk.AckedSeq != 3 || wk.DeliveredSeq != 3 || wk.LastSeq != 4 || !wk.LastSeenAt.Equal(w.LastSeenAt) {
+		t.Fatalf("worker after acks: last=%d delivered=%d acked=%d seen %v (was %v)", wk.LastSeq, wk.DeliveredSeq, wk.AckedSeq, wk.LastSeenAt, w.LastSeenAt)
+	}
+	if _, err := db.AckThrough(bg, "nobody", 1, t0); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("ack for an unknown worker: %v", err)
+	}
+}
+
+// Enqueue returns the worker as it left it, and, given a namespace,
+// finds no worker of another one and queues nothing for it.
+func testEnqueueTellsOfItsWorker(t *testing.T, e *env) {
+	db := e.store(t)
+	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
+	c, err := db.Enqueue(bg, store.NewCommand{ID: "c1", WorkerID: w.ID, Namespace: "default", Kind: "exec", Now: t0},
+		&store.NewExec{ID: "e1", Namespace: "default", Command: "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := store.EnqueuedWorker{Namespace: "default", Label: "gpu", State: operatorapi.StateActive, LastSeenAt: w.LastSeenAt}
+	if c.Worker.Namespace != want.Namespace || c.Worker.Label != want.Label || c.Worker.State != want.State ||
+		!c.Worker.LastSeenAt.Equal(want.LastSeenAt) || c.Worker.HibernatingUntil != nil {
+		t.Fatalf("enqueue told of %+v, want %+v", c.Worker, want)
+	}
+	until := t0.Add(time.Hour)
+	h, err := db.Enqueue(bg, store.NewCommand{ID: "c2", WorkerID: w.ID, Kind: store.KindHibernate, HibernateUntil: &until, Now: t0}, nil)
+	if err != nil || h.Worker.HibernatingUntil == nil || !h.Worker.HibernatingUntil.Equal(until) {
+		t.Fatalf("a hibernate's enqueue told of %+v, %v; want its deadline", h.Worker, err)
+	}
+	for _, kind := range []string{"exec", store.KindHibernate} {
+		_, err := db.Enqueue(bg, store.NewCommand{ID: "cx-" + kind, WorkerID: w.ID, Namespace: "other", Kind: kind, HibernateUntil: &t0, Now: t0},
+			&store.NewExec{ID: "ex-" + kind, Namespace: "other", Command: "true"})
+		if !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s for a worker of another namespace: %v, want not found", kind, err)
+		}
+	}
+	cmds, err := db.ListCommands(bg, w.ID)
+	if err != nil || len(cmds) != 2 {
+		t.Fatalf("commands after the refused enqueues: %+v %v, want c1 and c2 alone", cmds, err)
+	}
+	if _, err := db.Exec(bg, "ex-exec"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the refused exec was stored: %v", err)
+	}
+}
+
 func testLegacyDeliveryAndHibernateEndsBatch(t *testing.T, e *env) {
 	db := e.store(t)
 	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
