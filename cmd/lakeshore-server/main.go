@@ -6,10 +6,7 @@
 package main
 
 import (
-	"context"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"nymph/lakeshore/cli"
 	"nymph/lakeshore/localdaemon"
@@ -17,17 +14,8 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	// After the first signal the context is done; give the default
-	// behaviour back so a second Ctrl-C ends the process at once.
-	go func() {
-		<-ctx.Done()
-		stop()
-	}()
 	env := cli.SystemEnv()
 	env.Procs = localdaemon.Scanner{}
 	env.ServerVerbs = servecli.Verbs
-	code := cli.Main(ctx, os.Args[1:], env)
-	stop()
-	os.Exit(code)
+	os.Exit(cli.Run(env))
 }

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/mattn/go-isatty"
@@ -77,6 +79,21 @@ const (
 	// annWatch marks verbs taking --watch [seconds].
 	annWatch = "lakeshore/watch"
 )
+
+// Run runs lakeshore as this process (its arguments, env and os.Exit are
+// the caller's): SIGINT or SIGTERM cancels the verb, and a second one ends
+// the process at once.
+func Run(env Env) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// After the first signal the context is done; give the default
+	// behaviour back so a second Ctrl-C ends the process at once.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	return Main(ctx, os.Args[1:], env)
+}
 
 // Main runs lakeshore with args (without the program name) and returns the
 // process exit code. Cancelling ctx (SIGINT, SIGTERM) interrupts the verb.
