@@ -59,14 +59,22 @@ func (q *Queue[T]) Run(x T) {
 	q.mu.Unlock()
 	q.commit(b)
 	q.mu.Lock()
-	if len(q.queue) == 0 {
-		q.running = false
-		q.queue = nil
-		q.mu.Unlock()
-		return
-	}
+	idle := q.idleLocked()
 	q.mu.Unlock()
-	go q.drain()
+	if !idle {
+		go q.drain()
+	}
+}
+
+// idleLocked ends the run when nothing is queued and reports whether it
+// did; q.mu is held.
+func (q *Queue[T]) idleLocked() bool {
+	if len(q.queue) > 0 {
+		return false
+	}
+	q.running = false
+	q.queue = nil
+	return true
 }
 
 // takeLocked takes the next batch off the queue; q.mu is held.
@@ -95,9 +103,7 @@ func (q *Queue[T]) SetMax(n int) {
 func (q *Queue[T]) drain() {
 	for {
 		q.mu.Lock()
-		if len(q.queue) == 0 {
-			q.running = false
-			q.queue = nil
+		if q.idleLocked() {
 			q.mu.Unlock()
 			return
 		}
