@@ -31,7 +31,8 @@ func TestDefaultsFromMinimalFile(t *testing.T) {
 		t.Fatalf("poll defaults: %+v", c.Poll)
 	}
 	if c.Runtime.KeepAliveS != -1 || c.Runtime.ShutdownGraceS != 30 || c.Runtime.DefaultRunner != "process" ||
-		c.Runtime.AutoUpdate || c.Runtime.AutoUpdateCheckIntervalS != 3600 || c.Runtime.MaxInvocations != 0 {
+		c.Runtime.AutoUpdate || c.Runtime.AutoUpdateCheckIntervalS != 3600 || c.Runtime.MaxInvocations != 0 ||
+		c.Runtime.MaxProcs != 1 {
 		t.Fatalf("runtime defaults: %+v", c.Runtime)
 	}
 	if c.Daemon.MachineID != "auto" || c.Log.Level != "info" || c.Log.Format != "auto" {
@@ -130,6 +131,7 @@ default_runner = "docker"
 keep_alive_s = -5
 shutdown_grace_s = -1
 auto_update = "yes"
+max_procs = -2
 
 [log]
 level = "loud"
@@ -152,6 +154,7 @@ format = "xml"
 		"[runtime] keep_alive_s: must be -1",
 		"[runtime] shutdown_grace_s: must be >= 0",
 		"[runtime] auto_update: must be true or false",
+		"[runtime] max_procs: must be 0 (one per CPU) or a number of processors, got -2",
 		"[log] level: must be one of",
 		"[log] format: must be one of",
 	} {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -52,6 +53,7 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	for _, w := range cfg.Warnings {
 		log.Warn().Msg(w)
 	}
+	capProcs(cfg.Runtime.MaxProcs, os.Getenv("GOMAXPROCS"), log)
 	if err := os.MkdirAll(cfg.Runtime.Workdir, 0o755); err != nil {
 		return &exitError{code: exitUsage, err: fmt.Errorf("[runtime] workdir: %w", err)}
 	}
@@ -360,3 +362,15 @@ var (
 	_ outbox.Poster  = (*uplink.Client)(nil)
 	_ uplink.Signer  = (*identity.Key)(nil)
 )
+
+// capProcs applies [runtime] max_procs, unless $GOMAXPROCS (env) already
+// chose; it never raises what the runtime chose (a cgroup's CPU limit).
+func capProcs(maxProcs int, env string, log zerolog.Logger) {
+	if maxProcs <= 0 || env != "" {
+		return
+	}
+	if n := runtime.GOMAXPROCS(0); maxProcs < n {
+		runtime.GOMAXPROCS(maxProcs)
+		log.Debug().Int("gomaxprocs", maxProcs).Int("cpus", n).Msg("Go runtime capped to [runtime] max_procs")
+	}
+}

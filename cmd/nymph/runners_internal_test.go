@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"reflect"
+	"runtime"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -41,5 +42,30 @@ func TestRegistryHasEveryConfiguredKindAndProcess(t *testing.T) {
 	}
 	if len(reg) != 3 {
 		t.Fatalf("registry %v", reg)
+	}
+}
+
+// [runtime] max_procs caps the runtime's processors, never raises them,
+// and gives way to $GOMAXPROCS.
+func TestMaxProcsCapsTheRuntime(t *testing.T) {
+	was := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(was) })
+	runtime.GOMAXPROCS(4)
+	log := zerolog.Nop()
+	capProcs(2, "4", log)
+	if got := runtime.GOMAXPROCS(0); got != 4 {
+		t.Fatalf("with $GOMAXPROCS set: %d processors, want 4", got)
+	}
+	capProcs(0, "", log)
+	if got := runtime.GOMAXPROCS(0); got != 4 {
+		t.Fatalf("max_procs = 0: %d processors, want 4", got)
+	}
+	capProcs(8, "", log)
+	if got := runtime.GOMAXPROCS(0); got != 4 {
+		t.Fatalf("max_procs above the runtime's choice: %d processors, want 4", got)
+	}
+	capProcs(1, "", log)
+	if got := runtime.GOMAXPROCS(0); got != 1 {
+		t.Fatalf("max_procs = 1: %d processors", got)
 	}
 }
