@@ -202,6 +202,16 @@ func TestServeRefusesABadLostAfter(t *testing.T) {
 	}
 }
 
+// A --procs that is neither auto nor a positive count is a usage error
+// naming the flag, before anything starts.
+func TestServeRefusesABadProcs(t *testing.T) {
+	dir := t.TempDir()
+	env := map[string]string{cli.EnvCredentials: filepath.Join(dir, "c.json"), "HOME": dir}
+	for _, v := range []string{"0", "-2", "many"} {
+		expectServeUsageError(t, dir, env, []string{"--procs", v}, []string{`--procs "` + v + `": want auto or a number of processors`})
+	}
+}
+
 // The slow-client limits and the connection cap are checked before
 // anything starts, and a bad one is a usage error naming its flag.
 func TestServeRefusesBadEdgeLimits(t *testing.T) {

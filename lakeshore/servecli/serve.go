@@ -10,7 +10,9 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,6 +25,7 @@ import (
 
 	"nymph/lakeshore/controlplane"
 	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/procs"
 	"nymph/lakeshore/providers"
 	"nymph/lakeshore/releases"
 	"nymph/lakeshore/store/postgres"
@@ -53,9 +56,11 @@ type serveOpts struct {
 	// plane's default applies (never shorter than the stale window).
 	lostAfter    time.Duration
 	lostAfterSet bool
-	identity     identityOpts
-	edge         edgeOpts
-	blobs        blobOpts
+	// procs is --procs: "auto" or a count.
+	procs    string
+	identity identityOpts
+	edge     edgeOpts
+	blobs    blobOpts
 }
 
 // blobOpts says where payloads and releases are kept.
@@ -198,6 +203,7 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 	_ = fs.MarkHidden("stale-after")
 	fs.DurationVar(&o.lostAfter, "lost-after", controlplane.DefaultLostAfter,
 		"how long a daemon may go unseen before the execs and runs it was running fail as lost (e.g. 10m)")
+	fs.StringVar(&o.procs, "procs", "auto", "processors for the Go runtime: auto (one while the load is under one CPU, every CPU above it) or a count; $GOMAXPROCS, when set, wins")
 	o.identity.addFlags(cmd, a.env.Getenv)
 	o.edge.addFlags(cmd)
 	o.blobs.addFlags(cmd, a.env.Getenv)
@@ -264,6 +270,10 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if err != nil {
 		return err
 	}
+	procs, err := parseProcs(o.procs)
+	if err != nil {
+		return err
+	}
 
 	cfg := controlplane.Config{
 		DataDir:      o.dataDir,
@@ -314,6 +324,7 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if limit := debug.SetMemoryLimit(-1); limit < math.MaxInt64 {
 		logger.Info().Int64("memory_limit_bytes", limit).Msg("memory limit from GOMEMLIMIT: the collector works harder near it")
 	}
+	startProcs(ctx, procs, a.env.Getenv("GOMAXPROCS"), logger)
 	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
 		cfg.Store.Close()
@@ -350,6 +361,33 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	}
 	logger.Info().Msg("control plane stopped")
 	return nil
+}
+
+// parseProcs reads --procs: 0 for auto, else the count.
+func parseProcs(v string) (int, error) {
+	if v == "auto" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, cli.Usagef("--procs %q: want auto or a number of processors, such as 2", v)
+	}
+	return n, nil
+}
+
+// startProcs sets the runtime's processors for serve: a count as given,
+// or (auto) adapted to the load until ctx is done (package procs). An
+// explicit $GOMAXPROCS (env) is left as it is.
+func startProcs(ctx context.Context, count int, env string, log zerolog.Logger) {
+	switch {
+	case env != "":
+		log.Info().Str("GOMAXPROCS", env).Msg("runtime processors fixed by $GOMAXPROCS")
+	case count > 0:
+		runtime.GOMAXPROCS(count)
+	case runtime.GOMAXPROCS(0) > 1:
+		a := &procs.Adapter{Max: runtime.GOMAXPROCS(0), Log: log}
+		go a.Run(ctx)
+	}
 }
 
 // OpenStores chooses the control plane's stores: the database spec (--store)
