@@ -359,7 +359,7 @@ func (s *Server) writePollResponse(ctx context.Context, w http.ResponseWriter, w
 		if c.Kind == messages.KindExec {
 			if e, ok := messages.DecodeCommand(messages.Command{Kind: c.Kind, Body: c.Body}).(*messages.Exec); ok {
 				s.handedOver.note(e.ExecID, wk.namespace, wk.id)
-				s.wake.broadcast(execKey(e.ExecID))
+				s.wake.broadcast(execStateKey(e.ExecID))
 				log.Debug().Str("exec_id", e.ExecID).Str("command_id", c.ID).Msg("exec delivered")
 			}
 		}

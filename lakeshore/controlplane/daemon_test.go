@@ -518,7 +518,7 @@ func TestStreamedOutputInOrderAndLongPoll(t *testing.T) {
 		r := doCtx(t, context.Background(), http.MethodGet, e.url+"/v1/namespaces/default/execs/"+a.ExecID+"?wait=20&offset=6", "", testAdmin, nil)
 		out <- decodeJS[operatorapi.Exec](t, r)
 	}()
-	e.waitParked(execKey(a.ExecID))
+	e.waitParked(execStateKey(a.ExecID))
 	post("4\n")
 	select {
 	case g := <-out:
@@ -534,7 +534,7 @@ func TestStreamedOutputInOrderAndLongPoll(t *testing.T) {
 		r := doCtx(t, context.Background(), http.MethodGet, e.url+"/v1/namespaces/default/execs/"+a.ExecID+"?wait=20&offset=8", "", testAdmin, nil)
 		out <- decodeJS[operatorapi.Exec](t, r)
 	}()
-	e.waitParked(execKey(a.ExecID))
+	e.waitParked(execStateKey(a.ExecID))
 	e.do(http.MethodPost, "/v1/daemon/exec/"+a.ExecID+"/result", messages.ContentType, testDaemon, mustMarshal(t, &messages.ExecResult{ExitCode: 0}))
 	select {
 	case g := <-out:

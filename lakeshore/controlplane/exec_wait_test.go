@@ -73,20 +73,38 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 }
 
 // A waitingSubmission that waits answers with the exec's end, and its delivery to
-// the daemon (no news to someone waiting for output) does not end the wait.
+// the daemon (no news to someone waiting for output) does not wake the
+// wait, while it does wake a reader waiting for any change.
 func TestSubmissionWaitEndsWithTheResult(t *testing.T) {
 	e := newEnv(t)
 	id, cursor := e.hello("m", "l")
 	sub := e.submitWaiting(id, operatorapi.ExecRequest{Command: "exit 7"})
 	acc := recv(t, sub.accepted, "accepted line")
 	e.waitParked(execKey(acc.ExecID))
+	// A witness beside the submission's wait, on the same key.
+	news, release := e.srv.wake.subscribe(execKey(acc.ExecID))
+	defer release()
+	reader := make(chan operatorapi.Exec, 1)
+	go func() {
+		r := e.op(http.MethodGet, "/v1/namespaces/default/execs/"+acc.ExecID+"?wait=20", nil)
+		var ex operatorapi.Exec
+		_ = json.Unmarshal(r.body, &ex)
+		reader <- ex
+	}()
+	e.waitParked(execStateKey(acc.ExecID))
 
 	p := e.poll(id, &cursor, 0, "")
 	if len(p.Commands) != 1 {
 		t.Fatalf("poll: %+v", p)
 	}
-	// The delivery woke the wait, which looked and parked again.
-	e.waitParked(execKey(acc.ExecID))
+	if ex := recv(t, reader, "reader woken by the delivery"); ex.State != operatorapi.ExecRunning {
+		t.Fatalf("the reader saw %+v", ex)
+	}
+	select {
+	case <-news:
+		t.Fatal("the delivery woke the waits for news")
+	default:
+	}
 	select {
 	case ex := <-sub.ended:
 		t.Fatalf("the wait ended on the delivery: %+v", ex)

@@ -97,7 +97,7 @@ func TestHelloOfANewProcessResolvesWhatTheOldOneReceived(t *testing.T) {
 	if p := d.pollRaw(d.cursor, 0); len(p.Commands) != 1 || p.Commands[0].Kind != messages.KindExec {
 		t.Fatalf("third poll got %v", commandsOf(p))
 	}
-	execWait := await[operatorapi.Exec](e, "/v1/namespaces/default/execs/"+acked.ExecID+"?wait=15", execKey(acked.ExecID))
+	execWait := await[operatorapi.Exec](e, "/v1/namespaces/default/execs/"+acked.ExecID+"?wait=15", execStateKey(acked.ExecID))
 	invWait := await[operatorapi.Invocation](e, "/v1/namespaces/default/invocations/"+inv.Invocation.ID+"?wait=15", invocationKey(inv.Invocation.ID))
 
 	// The same process says hello again (after a 401, say): nothing is lost.
@@ -203,7 +203,7 @@ func TestStaleWorkersExecResolvesAfterTheDeadline(t *testing.T) {
 	d := e.helloAs("m", "quiet", "proc-a", "")
 	x := e.exec(d.id, operatorapi.ExecRequest{Command: "sleep 120"})
 	d.poll(0)
-	waiting := await[operatorapi.Exec](e, "/v1/namespaces/default/execs/"+x.ExecID+"?wait=15", execKey(x.ExecID))
+	waiting := await[operatorapi.Exec](e, "/v1/namespaces/default/execs/"+x.ExecID+"?wait=15", execStateKey(x.ExecID))
 
 	e.clock.Advance(2 * stale)
 	if w := e.worker(d.id); w.State != operatorapi.StateStale {
@@ -232,7 +232,7 @@ func TestRemovedWorkersExecsResolve(t *testing.T) {
 	running := e.exec(d.id, operatorapi.ExecRequest{Command: "sleep 120"})
 	d.poll(0)
 	queued := e.exec(d.id, operatorapi.ExecRequest{Command: "true"})
-	waiting := await[operatorapi.Exec](e, "/v1/namespaces/default/execs/"+queued.ExecID+"?wait=15", execKey(queued.ExecID))
+	waiting := await[operatorapi.Exec](e, "/v1/namespaces/default/execs/"+queued.ExecID+"?wait=15", execStateKey(queued.ExecID))
 	if r := e.op(http.MethodDelete, "/v1/namespaces/default/workers/"+d.id, nil); r.status != http.StatusOK {
 		t.Fatalf("kill: %d %q", r.status, r.body)
 	}

@@ -137,5 +137,5 @@ func (s *Server) startNotifier(n Notifier) (stop func()) {
 // any replica finds its caches and memos dropped.
 func wakeOnly(key string) bool {
 	kind, _, _ := strings.Cut(key, ":")
-	return kind == "e" || kind == "i" || kind == "l"
+	return kind == "e" || kind == "x" || kind == "i" || kind == "l"
 }

@@ -54,7 +54,7 @@ func (n *heldNotifier) published(key string) bool {
 func TestWakeUpsAreNotWaitedFor(t *testing.T) {
 	n := &heldNotifier{release: make(chan struct{})}
 	e := newEnv(t, func(c *Config) { c.Notifier = n })
-	for _, k := range []string{execKey("x"), invocationKey("i"), logKey("l")} {
+	for _, k := range []string{execKey("x"), execStateKey("x"), invocationKey("i"), logKey("l")} {
 		e.srv.wake.broadcast(k) // returns although Publish is held
 		wait.For(t, 10*time.Second, "the publish of "+k, func() bool { return n.published(k) })
 	}

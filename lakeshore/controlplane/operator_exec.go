@@ -362,9 +362,13 @@ type subscription struct {
 func (s *Server) awaitExecFrom(r *http.Request, ns, id string, wait time.Duration, offset int64, onlyNews bool, first *subscription) (store.Exec, error) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	key := execStateKey(id)
+	if onlyNews {
+		key = execKey(id)
+	}
 	waited, timedOut := false, false
 	if first != nil && wait > 0 {
-		switch s.park(execKey(id), first.woken, first.release, timer.C, r.Context().Done()) {
+		switch s.park(key, first.woken, first.release, timer.C, r.Context().Done()) {
 		case parkOver:
 			timedOut = true
 		case parkGone:
@@ -373,7 +377,7 @@ func (s *Server) awaitExecFrom(r *http.Request, ns, id string, wait time.Duratio
 		waited = true
 	}
 	for {
-		woken, release := s.wake.subscribe(execKey(id))
+		woken, release := s.wake.subscribe(key)
 		e, err := s.st.Exec(r.Context(), id)
 		if err == nil && e.Namespace != ns {
 			err = fmt.Errorf("exec in another namespace: %w", store.ErrNotFound)
@@ -390,7 +394,7 @@ func (s *Server) awaitExecFrom(r *http.Request, ns, id string, wait time.Duratio
 			release()
 			return e, nil
 		}
-		switch s.park(execKey(id), woken, release, timer.C, r.Context().Done()) {
+		switch s.park(key, woken, release, timer.C, r.Context().Done()) {
 		case parkOver:
 			timedOut = true
 		case parkGone:

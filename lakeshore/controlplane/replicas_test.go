@@ -106,7 +106,7 @@ func TestReplicasWakeEachOther(t *testing.T) {
 
 	waited := make(chan operatorapi.Exec, 1)
 	go func() { waited <- a.getExec(acc.ExecID, "?wait=15&offset=0") }()
-	a.waitParked(execKey(acc.ExecID))
+	a.waitParked(execStateKey(acc.ExecID))
 	start = time.Now()
 	res := mustMarshal(t, &messages.ExecResult{ExitCode: 0, DurationMs: 1})
 	if resp := r.do(http.MethodPost, "/v1/daemon/exec/"+acc.ExecID+"/result", messages.ContentType, testDaemon, res); resp.status != http.StatusOK {

@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// hub hands out wake-up channels by key ("w:<worker>", "e:<exec>"). A
+// hub hands out wake-up channels by key ("w:<worker>", "e:<exec>",
+// "x:<exec>"; see execKey and execStateKey). A
 // broadcast closes the key's current channel, waking every subscriber at
 // once; the next subscriber gets a fresh one. Entries live only while
 // someone holds a subscription, so idle keys cost nothing.
@@ -78,6 +79,14 @@ func (h *hub) deliver(key string) {
 		}
 		return
 	}
+	h.wakeLocked(key)
+	if id, ok := strings.CutPrefix(key, execKeyPrefix); ok {
+		// News is a change too.
+		h.wakeLocked(execStateKey(id))
+	}
+}
+
+func (h *hub) wakeLocked(key string) {
 	if w := h.m[key]; w != nil {
 		close(w.ch)
 		delete(h.m, key)
@@ -96,7 +105,17 @@ const workerKeyPrefix = "w:"
 
 func workerKey(id string) string { return workerKeyPrefix + id }
 
-func execKey(id string) string { return "e:" + id }
+// execKeyPrefix starts an exec's news key.
+const execKeyPrefix = "e:"
+
+// execKey is woken by an exec's news: output, or its end. Every broadcast
+// on it also wakes execStateKey.
+func execKey(id string) string { return execKeyPrefix + id }
+
+// execStateKey is woken by any change of an exec, news or not (its
+// delivery to the daemon). A wait for news alone parks on execKey, so that
+// a delivery does not make it read the exec for nothing.
+func execStateKey(id string) string { return "x:" + id }
 
 // How a long-poll's park ended.
 type parkEnd int
