@@ -23,12 +23,14 @@ import (
 )
 
 // Thresholds, in CPUs used by the process over a window. Raising takes
-// one window over Raise; lowering takes LowerAfter windows in a row
-// under Lower, well below what one processor can give, so that a load
-// near the boundary does not make the count swing.
+// one window at Raise or more: one processor is close to saturated.
+// Lowering takes LowerAfter windows in a row under Lower. The same work
+// costs more CPU with more processors (that is the point of having one),
+// so Lower is measured with Max processors: 0.6 of a CPU there is well
+// under Raise with one, and the count does not swing back and forth.
 const (
-	Raise      = 0.6
-	Lower      = 0.3
+	Raise      = 0.85
+	Lower      = 0.6
 	LowerAfter = 8
 	// Window is how often the load is looked at.
 	Window = 125 * time.Millisecond

@@ -18,9 +18,9 @@ func TestPolicyRaisesAtOnceAndLowersAfterAQuietSpell(t *testing.T) {
 		used float64
 		want int
 	}{
-		{0.1, 1}, {0.5, 1}, {0.59, 1}, // under Raise: one
-		{0.6, 4},            // a busy window: every processor
-		{0.45, 4}, {0.2, 4}, // between the thresholds, then quiet once
+		{0.1, 1}, {0.6, 1}, {0.84, 1}, // under Raise: one
+		{0.85, 4},          // a busy window: every processor
+		{0.7, 4}, {0.2, 4}, // between the thresholds, then quiet once
 		{0.9, 4}, // busy again: the quiet spell starts over
 	} {
 		if got := p.Next(step.used); got != step.want {

@@ -23,8 +23,15 @@ func TestExecBench(t *testing.T) {
 	defer rep.print(os.Stdout)
 
 	base := baselines(t, rep)
-	cp := harness.StartControlPlane(t, harness.CPOptions{})
-	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "bench"})
+	var cpEnv, nyEnv []string
+	if v := os.Getenv("X_CP_ENV"); v != "" {
+		cpEnv = []string{v}
+	}
+	if v := os.Getenv("X_NY_ENV"); v != "" {
+		nyEnv = []string{v}
+	}
+	cp := harness.StartControlPlane(t, harness.CPOptions{Env: cpEnv})
+	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "bench", Env: nyEnv})
 	cliStartRows(t, rep, cp, base)
 	execRows(t, rep, cp, "bench", d.PID(), base)
 }
