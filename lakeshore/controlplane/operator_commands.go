@@ -18,9 +18,31 @@ func (s *Server) enqueue(r *http.Request, wk store.Worker, kind string, body any
 	if err != nil {
 		return store.Command{}, badField(http.StatusBadRequest, "body", "cannot encode the %s command: %v", kind, err)
 	}
-	c, err := s.st.Enqueue(r.Context(), store.NewCommand{
+	nc := store.NewCommand{
 		ID: id, WorkerID: wk.ID, Namespace: wk.Namespace, Kind: kind, Body: cmd.Body, Now: s.now(), HibernateUntil: hibernateUntil,
-	}, exec)
+	}
+	// An exec for a daemon whose poll is parked here goes straight to it
+	// (handoff.go).
+	var offer *handoff
+	if kind == messages.KindExec {
+		if offer = s.handoffs.claim(wk.ID); offer != nil {
+			after := offer.after
+			nc.DeliverAfter = &after
+		}
+	}
+	c, err := s.st.Enqueue(r.Context(), nc, exec)
+	handed := false
+	if offer != nil {
+		if handed = err == nil && c.DeliveredAt != nil; handed {
+			// Queued first, as for any poll: should the answer never
+			// be written (the daemon went away), the memo still has
+			// the command due to the next poll.
+			s.presence.queued(wk.ID)
+			offer.fill([]store.Command{c}, s.presence.current(wk.ID, nc.Now), *c.DeliveredAt)
+		} else {
+			offer.fill(nil, 0, time.Time{})
+		}
+	}
 	if isNotFound(err) {
 		return store.Command{}, errNoSuchWorker
 	}
@@ -33,7 +55,14 @@ func (s *Server) enqueue(r *http.Request, wk store.Worker, kind string, body any
 		s.log.Error().Err(err).Str("worker_id", wk.ID).Str("kind", kind).Msg("enqueue")
 		return store.Command{}, err
 	}
-	s.due(wk.ID, false)
+	if handed {
+		// Queued in the memo already; the wake brings the poll its
+		// answer, and the other replicas hear of the command as ever.
+		s.wake.deliver(workerKey(wk.ID))
+		s.wake.publishOnly("q:" + wk.ID)
+	} else {
+		s.due(wk.ID, false)
+	}
 	ev := s.log.Info().Str("worker_id", wk.ID).Str("command_id", c.ID).Str("kind", kind).Int64("seq", c.Seq)
 	if exec != nil {
 		ev = ev.Str("exec_id", exec.ID)

@@ -345,7 +345,18 @@ func (s *Server) waitParked(pp *parkedPoll, woken <-chan struct{}, release func(
 	ps := pp.ps
 	watchSocket(pp)
 	for !pp.chatty {
+		var offer *handoff
+		if !ps.legacy && !ps.watch {
+			offer = s.handoffs.offer(ps.view.id, ps.after)
+		}
 		end := s.park(workerKey(ps.view.id), woken, release, ps.timer.C, pp.stirred)
+		handed := false
+		if offer != nil && s.handoffs.withdraw(ps.view.id, offer) {
+			<-offer.done
+			if handed = len(offer.cmds) > 0; handed {
+				ps.cmds, ps.err, ps.deliveredGen, ps.takenAt = offer.cmds, nil, offer.gen, offer.takenAt
+			}
+		}
 		if end == parkOver {
 			break
 		}
@@ -370,6 +381,9 @@ func (s *Server) waitParked(pp *parkedPoll, woken <-chan struct{}, release func(
 			// Stirred, but nothing to read: not a socket to trust.
 			pp.chatty = true
 			continue
+		}
+		if handed {
+			break
 		}
 		var due bool
 		if woken, release, due = s.lookPoll(ctx, ps); due {

@@ -161,6 +161,7 @@ type Server struct {
 	wake              *hub
 	presence          *presence
 	handedOver        *deliveredExecs
+	handoffs          *handoffs
 	caches            *caches
 	handler           http.Handler
 	rel               releaseState
@@ -272,6 +273,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.presence = newPresence(&s.caches.live)
 	s.handedOver = newDeliveredExecs(maxDeliveredExecs)
+	s.handoffs = newHandoffs()
 	if s.maxConnsPerIP = cfg.MaxConnsPerIP; s.maxConnsPerIP < 0 {
 		return nil, fmt.Errorf("controlplane: MaxConnsPerIP %d: must not be negative", cfg.MaxConnsPerIP)
 	}

@@ -204,6 +204,11 @@ type Commands interface {
 	// is refused with a *SingleJobError. With c.Namespace set, a worker of
 	// another namespace is not found, and nothing is queued. The command
 	// returned tells of the worker as the enqueue left it (Command.Worker).
+	// With c.DeliverAfter set, an exec command is also delivered in the
+	// same transaction, as Take would (its exec running), when that poll
+	// would take it alone: nothing else undelivered, everything delivered
+	// up to *c.DeliverAfter, and not a single-job worker. The command
+	// returned then has DeliveredAt set.
 	Enqueue(ctx context.Context, c NewCommand, e *NewExec) (Command, error)
 	// Take returns up to limit unacknowledged commands of a worker with
 	// seq > after, in order, ending early after a hibernate (the daemon
@@ -437,6 +442,9 @@ type NewCommand struct {
 	// HibernateUntil is a hibernate command's deadline (see Enqueue); not
 	// after Now, the command is a wake.
 	HibernateUntil *time.Time
+	// DeliverAfter, for an exec, is the cursor of a poll of the worker
+	// waiting for its next command: see Enqueue.
+	DeliverAfter *int64
 }
 
 // Command is a queued, delivered or acknowledged command.

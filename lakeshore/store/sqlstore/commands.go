@@ -51,16 +51,26 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 		// at once on a worker that is awake; one queued behind the
 		// hibernation in force shows when it is delivered (Take).
 		var (
-			seen  int64
-			until sql.NullInt64
+			seen      int64
+			until     sql.NullInt64
+			delivered int64
 		)
+		// A delivery along (DeliverAfter) moves delivered_seq with
+		// last_seq when the poll had everything before: SET sees the row
+		// as it was.
+		deliver, after := int64(0), int64(-1)
+		if c.DeliverAfter != nil && c.Kind == store.KindExec {
+			deliver, after = 1, *c.DeliverAfter
+		}
 		err := tx.QueryRow(ctx, `UPDATE workers SET last_seq = last_seq + 1,
+			delivered_seq = CASE WHEN CAST(? AS BIGINT) = 1 AND delivered_seq = last_seq AND delivered_seq = ? AND NOT single_job
+				THEN last_seq + 1 ELSE delivered_seq END,
 			state = CASE WHEN CAST(? AS TEXT) = 'setup' AND state IN ('active', 'joining') THEN 'setting_up' ELSE state END,
 			hibernating_until = CASE WHEN hibernating_until IS NULL OR hibernating_until <= ?
 				THEN COALESCE(CAST(? AS BIGINT), hibernating_until) ELSE hibernating_until END
 			WHERE id = ? AND (CAST(? AS TEXT) = '' OR namespace = ?)
-			RETURNING last_seq, namespace, label, state, last_seen_at, hibernating_until`,
-			c.Kind, ms(c.Now), hib, c.WorkerID, c.Namespace, c.Namespace).Scan(&out.Seq,
+			RETURNING last_seq, delivered_seq, namespace, label, state, last_seen_at, hibernating_until`,
+			deliver, after, c.Kind, ms(c.Now), hib, c.WorkerID, c.Namespace, c.Namespace).Scan(&out.Seq, &delivered,
 			&out.Worker.Namespace, &out.Worker.Label, &out.Worker.State, &seen, &until)
 		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("worker", c.WorkerID)
@@ -69,11 +79,17 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 			return fmt.Errorf("bump seq: %w", err)
 		}
 		out.Worker.LastSeenAt, out.Worker.HibernatingUntil = fromMs(seen), fromNullMs(until)
-		stmts := []Stmt{stmt("insert command", `INSERT INTO commands (id, worker_id, seq, kind, body, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
-			c.ID, c.WorkerID, out.Seq, c.Kind, nonNilBytes(c.Body), ms(c.Now))}
+		var deliveredAt any
+		execState := operatorapi.ExecQueued
+		if deliver == 1 && delivered == out.Seq {
+			t := fromMs(ms(c.Now))
+			out.DeliveredAt, deliveredAt, execState = &t, ms(c.Now), operatorapi.ExecRunning
+		}
+		stmts := []Stmt{stmt("insert command", `INSERT INTO commands (id, worker_id, seq, kind, body, created_at, delivered_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			c.ID, c.WorkerID, out.Seq, c.Kind, nonNilBytes(c.Body), ms(c.Now), deliveredAt)}
 		if e != nil {
-			stmts = append(stmts, stmt("insert exec", `INSERT INTO execs (id, namespace, worker_id, command_id, command, stream, state, created_at)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, e.ID, e.Namespace, c.WorkerID, c.ID, e.Command, e.Stream, operatorapi.ExecQueued, ms(c.Now)))
+			stmts = append(stmts, stmt("insert exec", `INSERT INTO execs (id, namespace, worker_id, command_id, command, stream, state, created_at, started_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, e.ID, e.Namespace, c.WorkerID, c.ID, e.Command, e.Stream, execState, ms(c.Now), deliveredAt))
 		}
 		return tx.execLast(ctx, stmts...)
 	})

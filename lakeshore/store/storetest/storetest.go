@@ -42,6 +42,7 @@ func Run(t *testing.T, b Backend) {
 		{"CursorAckAndRedelivery", testCursorAckAndRedelivery},
 		{"AckThroughAcknowledgesOnly", testAckThroughAcknowledgesOnly},
 		{"EnqueueTellsOfItsWorker", testEnqueueTellsOfItsWorker},
+		{"EnqueueDeliversToAWaitingPoll", testEnqueueDeliversToAWaitingPoll},
 		{"LegacyDeliveryAndHibernateEndsBatch", testLegacyDeliveryAndHibernateEndsBatch},
 		{"HibernationInForce", testHibernationInForce},
 		{"WakeWithdrawsQueuedHibernates", testWakeWithdrawsQueuedHibernates},

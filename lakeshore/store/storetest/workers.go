@@ -464,3 +464,64 @@ func testTouchWorkers(t *testing.T, e *env) {
 		t.Fatalf("empty batch: %v %v", missing, err)
 	}
 }
+
+// An exec enqueued for a poll waiting on the worker (DeliverAfter) is
+// delivered in the same transaction when that poll would take it alone,
+// and is only queued otherwise: something else undelivered, a poll behind
+// what was delivered, a single-job worker, or a command that is not an
+// exec. A delivered one is still due to a poll with an older cursor.
+func testEnqueueDeliversToAWaitingPoll(t *testing.T, e *env) {
+	db := e.store(t)
+	w := hello(t, db, "aaaaaaaaaaaaaaaaaaaaaaaa", "m1", "gpu")
+	at := func(n int64) *int64 { return &n }
+	enq := func(id string, kind string, after *int64) store.Command {
+		t.Helper()
+		var ex *store.NewExec
+		if kind == store.KindExec {
+			ex = &store.NewExec{ID: "x-" + id, Namespace: "default", Command: "true"}
+		}
+		c, err := db.Enqueue(bg, store.NewCommand{ID: id, WorkerID: w.ID, Namespace: "default", Kind: kind, Now: t0, DeliverAfter: after}, ex)
+		if err != nil {
+			t.Fatalf("enqueue %s: %v", id, err)
+		}
+		return c
+	}
+	c1 := enq("c1", store.KindExec, at(0))
+	if c1.DeliveredAt == nil || !c1.DeliveredAt.Equal(t0) {
+		t.Fatalf("c1 not delivered along: %+v", c1)
+	}
+	if x, err := db.Exec(bg, "x-c1"); err != nil || x.State != operatorapi.ExecRunning {
+		t.Fatalf("exec of c1: %+v %v", x, err)
+	}
+	if wk := worker(t, db, w.ID); wk.DeliveredSeq != 1 || wk.LastSeq != 1 {
+		t.Fatalf("worker after c1: delivered %d last %d", wk.DeliveredSeq, wk.LastSeq)
+	}
+	// A poll still at cursor 0 (its answer was lost) gets it again.
+	if got, err := db.Take(bg, w.ID, 0, 100, false, t0); err != nil || !equal(ids(got), []string{"c1"}) {
+		t.Fatalf("take after 0: %v %v", ids(got), err)
+	}
+	// Behind what was delivered: queued only.
+	if c := enq("c2", store.KindExec, at(0)); c.DeliveredAt != nil {
+		t.Fatalf("c2 delivered to a poll behind: %+v", c)
+	}
+	// c2 waits undelivered: c3 may not overtake it.
+	if c := enq("c3", store.KindExec, at(1)); c.DeliveredAt != nil {
+		t.Fatalf("c3 delivered past c2: %+v", c)
+	}
+	if x, _ := db.Exec(bg, "x-c3"); x.State != operatorapi.ExecQueued {
+		t.Fatalf("exec of c3: %+v", x)
+	}
+	if got, _ := db.Take(bg, w.ID, 1, 100, false, t0); !equal(ids(got), []string{"c2", "c3"}) {
+		t.Fatalf("take after 1: %v", ids(got))
+	}
+	// Not an exec: queued only.
+	if c := enq("c4", store.KindSetup, at(3)); c.DeliveredAt != nil {
+		t.Fatalf("a setup delivered along: %+v", c)
+	}
+	single := helloSingle(t, db, "bbbbbbbbbbbbbbbbbbbbbbbb", "m2", true, t0)
+	c, err := db.Enqueue(bg, store.NewCommand{ID: "s1", WorkerID: single.ID, Namespace: "default", Kind: store.KindExec, Now: t0, DeliverAfter: at(0)},
+		&store.NewExec{ID: "x-s1", Namespace: "default", Command: "true"})
+	if err != nil || c.DeliveredAt != nil {
+		t.Fatalf("a single-job worker's exec: %+v %v", c, err)
+	}
+}
