@@ -23,11 +23,15 @@ func TestExecBench(t *testing.T) {
 	defer rep.print(os.Stdout)
 
 	base := baselines(t, rep)
+	// BENCH_CP_ENV and BENCH_NYMPH_ENV add one VAR=value to the control
+	// plane's and the daemon's environment, to compare runtime settings
+	// in one sitting (BENCH_CP_ENV=GOMAXPROCS=2: the control plane with
+	// every processor, as before --procs auto).
 	var cpEnv, nyEnv []string
-	if v := os.Getenv("X_CP_ENV"); v != "" {
+	if v := os.Getenv("BENCH_CP_ENV"); v != "" {
 		cpEnv = []string{v}
 	}
-	if v := os.Getenv("X_NY_ENV"); v != "" {
+	if v := os.Getenv("BENCH_NYMPH_ENV"); v != "" {
 		nyEnv = []string{v}
 	}
 	cp := harness.StartControlPlane(t, harness.CPOptions{Env: cpEnv})
