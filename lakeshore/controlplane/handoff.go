@@ -42,6 +42,7 @@ type handoff struct {
 	gen     uint64
 	takenAt time.Time
 	claimed bool
+	once    sync.Once
 }
 
 // offer registers a parked poll of workerID at cursor after, in place of
@@ -79,10 +80,14 @@ func (h *handoffs) claim(workerID string) *handoff {
 }
 
 // fill ends a claimed offer: cmds delivered at takenAt, by a take as of
-// presence generation gen (or nothing).
+// presence generation gen (or nothing). Only the first call counts, so a
+// claimer can also defer a fill with nothing: a poll never waits for an
+// enqueue that panicked.
 func (o *handoff) fill(cmds []store.Command, gen uint64, takenAt time.Time) {
-	o.cmds, o.gen, o.takenAt = cmds, gen, takenAt
-	close(o.done)
+	o.once.Do(func() {
+		o.cmds, o.gen, o.takenAt = cmds, gen, takenAt
+		close(o.done)
+	})
 }
 
 // size is the number of offers, for tests.

@@ -3,8 +3,10 @@ package controlplane
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"nymph/lakeshore/operatorapi"
+	"nymph/lakeshore/store"
 	"nymph/messages"
 )
 
@@ -89,5 +91,32 @@ func TestALegacyPollIsNotHandedCommands(t *testing.T) {
 	}
 	if calls := cs.take(); !strings.Contains(calls, "Take") {
 		t.Fatalf("the legacy poll's delivery called %q: want a Take", calls)
+	}
+}
+
+// A claimed offer is filled once: what the enqueue handed over stands
+// against the empty fill a claimer defers (for an enqueue that panics),
+// and a withdrawn offer says it was claimed, so its poll waits for it.
+func TestAClaimedOfferIsFilledOnce(t *testing.T) {
+	h := newHandoffs()
+	o := h.offer("w1", 3)
+	if got := h.claim("w1"); got != o {
+		t.Fatalf("claim found %p, want the offer %p", got, o)
+	}
+	if h.claim("w1") != nil || h.size() != 0 {
+		t.Fatal("an offer was claimed twice")
+	}
+	o.fill([]store.Command{{ID: "c4", Seq: 4}}, 7, time.Unix(1, 0))
+	o.fill(nil, 0, time.Time{})
+	if !h.withdraw("w1", o) {
+		t.Fatal("a claimed offer withdrew as unclaimed")
+	}
+	<-o.done
+	if len(o.cmds) != 1 || o.cmds[0].ID != "c4" || o.gen != 7 {
+		t.Fatalf("the offer holds %+v at gen %d after a second fill", o.cmds, o.gen)
+	}
+	quiet := h.offer("w1", 4)
+	if h.withdraw("w1", quiet) || h.size() != 0 {
+		t.Fatal("an unclaimed offer withdrew as claimed, or stayed")
 	}
 }

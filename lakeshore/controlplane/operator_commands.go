@@ -26,6 +26,7 @@ func (s *Server) enqueue(r *http.Request, wk store.Worker, kind string, body any
 	var offer *handoff
 	if kind == messages.KindExec {
 		if offer = s.handoffs.claim(wk.ID); offer != nil {
+			defer offer.fill(nil, 0, time.Time{})
 			after := offer.after
 			nc.DeliverAfter = &after
 		}
