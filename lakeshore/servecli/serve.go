@@ -270,7 +270,7 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if err != nil {
 		return err
 	}
-	procs, err := parseProcs(o.procs)
+	procCount, err := parseProcs(o.procs)
 	if err != nil {
 		return err
 	}
@@ -324,7 +324,7 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if limit := debug.SetMemoryLimit(-1); limit < math.MaxInt64 {
 		logger.Info().Int64("memory_limit_bytes", limit).Msg("memory limit from GOMEMLIMIT: the collector works harder near it")
 	}
-	startProcs(ctx, procs, a.env.Getenv("GOMAXPROCS"), logger)
+	startProcs(ctx, procCount, a.env.Getenv("GOMAXPROCS"), logger)
 	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
 		cfg.Store.Close()
