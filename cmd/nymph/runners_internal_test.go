@@ -52,20 +52,20 @@ func TestMaxProcsCapsTheRuntime(t *testing.T) {
 	t.Cleanup(func() { runtime.GOMAXPROCS(was) })
 	runtime.GOMAXPROCS(4)
 	log := zerolog.Nop()
-	capProcs(2, "4", log)
-	if got := runtime.GOMAXPROCS(0); got != 4 {
-		t.Fatalf("with $GOMAXPROCS set: %d processors, want 4", got)
-	}
-	capProcs(0, "", log)
-	if got := runtime.GOMAXPROCS(0); got != 4 {
-		t.Fatalf("max_procs = 0: %d processors, want 4", got)
-	}
-	capProcs(8, "", log)
-	if got := runtime.GOMAXPROCS(0); got != 4 {
-		t.Fatalf("max_procs above the runtime's choice: %d processors, want 4", got)
-	}
-	capProcs(1, "", log)
-	if got := runtime.GOMAXPROCS(0); got != 1 {
-		t.Fatalf("max_procs = 1: %d processors", got)
+	for _, step := range []struct {
+		maxProcs int
+		env      string
+		want     int
+		what     string
+	}{
+		{2, "4", 4, "with $GOMAXPROCS set"},
+		{0, "", 4, "max_procs = 0"},
+		{8, "", 4, "max_procs above the runtime's choice"},
+		{1, "", 1, "max_procs = 1"},
+	} {
+		capProcs(step.maxProcs, step.env, log)
+		if got := runtime.GOMAXPROCS(0); got != step.want {
+			t.Fatalf("%s: %d processors, want %d", step.what, got, step.want)
+		}
 	}
 }

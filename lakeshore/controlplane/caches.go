@@ -273,15 +273,21 @@ func (s *Server) forget(workerID string) {
 // which would throw their whole memo of it away and cost the woken poll a
 // full look.
 func (s *Server) due(workerID string, claim bool) {
-	key := "q:" + workerID
-	if claim {
-		s.presence.claimable(workerID)
-		key = "c:" + workerID
-	} else {
+	if !claim {
 		s.presence.queued(workerID)
+		s.announceQueued(workerID)
+		return
 	}
+	s.presence.claimable(workerID)
 	s.wake.deliver(workerKey(workerID))
-	s.wake.publishOnly(key)
+	s.wake.publishOnly("c:" + workerID)
+}
+
+// announceQueued is due's wake for a queued command, for a caller that has
+// marked the memo itself (an exec handed to a parked poll).
+func (s *Server) announceQueued(workerID string) {
+	s.wake.deliver(workerKey(workerID))
+	s.wake.publishOnly("q:" + workerID)
 }
 
 // wakeKey is the waiter key a delivered announcement wakes: a due one

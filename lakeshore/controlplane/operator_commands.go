@@ -59,8 +59,7 @@ func (s *Server) enqueue(r *http.Request, wk store.Worker, kind string, body any
 	if handed {
 		// Queued in the memo already; the wake brings the poll its
 		// answer, and the other replicas hear of the command as ever.
-		s.wake.deliver(workerKey(wk.ID))
-		s.wake.publishOnly("q:" + wk.ID)
+		s.announceQueued(wk.ID)
 	} else {
 		s.due(wk.ID, false)
 	}
