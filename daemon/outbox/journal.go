@@ -116,12 +116,19 @@ type journal struct {
 	open   map[string]JournalEntry
 	closed bool
 	// unsynced: a begin record was written since the last sync; syncing:
-	// the syncer goroutine is on its way.
-	unsynced, syncing bool
+	// the syncer goroutine is on its way; inSync: it is in fdatasync, on
+	// f, with mu released (synced is broadcast when it is out).
+	unsynced, syncing, inSync bool
+	synced                    *sync.Cond
+	// fdatasync is unix.Fdatasync on the log's descriptor (tests hold it).
+	fdatasync func(f *os.File) error
 }
 
 func newJournal(path string, log zerolog.Logger) *journal {
-	return &journal{path: path, log: log, open: map[string]JournalEntry{}}
+	j := &journal{path: path, log: log, open: map[string]JournalEntry{},
+		fdatasync: func(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }}
+	j.synced = sync.NewCond(&j.mu)
+	return j
 }
 
 // begin appends a begin record, and has it synced in the background.
@@ -140,26 +147,47 @@ func (j *journal) begin(key string, e JournalEntry) error {
 	return nil
 }
 
-// syncer syncs the log until no begin record is left unsynced. It holds
-// j.mu while it syncs, so the file is not closed or replaced under it; a
-// begin that comes meanwhile waits for that one sync, and is synced by the
-// next.
+// syncer syncs the log until no begin record is left unsynced. It lets
+// j.mu go while it syncs: a sync takes milliseconds on some disks, and the
+// begin or end of the next job, which would wait for it, is on that job's
+// path (seen as execs stalled behind the syncer). Closing and replacing
+// the file wait for the sync instead (waitSync); a record appended
+// meanwhile is synced by this sync or the next.
 func (j *journal) syncer() {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for j.unsynced {
+	for j.unsynced && j.f != nil {
 		j.unsynced = false
-		j.syncLocked()
+		f := j.f
+		j.inSync = true
+		j.mu.Unlock()
+		err := j.fdatasync(f)
+		j.mu.Lock()
+		j.inSync = false
+		j.synced.Broadcast()
+		j.syncFailed(err)
 	}
+	j.unsynced = false
 	j.syncing = false
 }
 
-// syncLocked fdatasyncs the log; j.mu is held.
+// waitSync waits until no sync is in fdatasync; j.mu is held.
+func (j *journal) waitSync() {
+	for j.inSync {
+		j.synced.Wait()
+	}
+}
+
+// syncLocked fdatasyncs the log; j.mu is held and no sync is in progress.
 func (j *journal) syncLocked() {
 	if j.f == nil {
 		return
 	}
-	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
+	j.syncFailed(j.fdatasync(j.f))
+}
+
+func (j *journal) syncFailed(err error) {
+	if err != nil {
 		j.log.Error().Err(err).Str("file", j.path).Msg("journal: sync failed; a host that loses power may forget jobs begun since the last one")
 	}
 }
@@ -227,6 +255,7 @@ func (j *journal) close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.closed = true
+	j.waitSync()
 	if j.f == nil {
 		return nil
 	}
@@ -409,6 +438,7 @@ func (j *journal) rewrite() error {
 	defer j.mu.Unlock()
 	// The new log is written whole and synced (atomicfile): nothing of
 	// the old one is left to sync.
+	j.waitSync()
 	j.unsynced = false
 	if j.f != nil {
 		_ = j.f.Close()

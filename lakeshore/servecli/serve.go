@@ -409,7 +409,7 @@ func OpenStores(ctx context.Context, cfg *controlplane.Config, spec string) erro
 		cfg.Releases, cfg.Payloads = rel, controlplane.NewPayloadStore(filepath.Join(cfg.DataDir, "payloads"))
 	}
 	if !pg {
-		db, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "lakeshore.db"))
+		db, err := sqlite.OpenWith(ctx, filepath.Join(cfg.DataDir, "lakeshore.db"), sqlite.Options{Log: cfg.Logger})
 		if err != nil {
 			return fmt.Errorf("start the control plane: %w", err)
 		}

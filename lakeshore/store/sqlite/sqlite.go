@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
 	"modernc.org/sqlite" // registers the "sqlite" driver
 
 	"nymph/lakeshore/store"
@@ -33,17 +34,36 @@ var migrations embed.FS
 // DB is a store.Store on one SQLite file.
 type DB struct {
 	*sqlstore.DB
+	w    *sql.DB // the writer, which sqlstore.DB owns
+	ckpt *checkpointer
 }
 
 var _ store.Store = (*DB)(nil)
 
+// Options tune OpenWith.
+type Options struct {
+	// Log receives what the store says of itself (a failed checkpoint).
+	Log zerolog.Logger
+}
+
 // Open opens (creating if needed) the database at path and migrates it.
 func Open(ctx context.Context, path string) (*DB, error) {
+	return OpenWith(ctx, path, Options{Log: zerolog.Nop()})
+}
+
+// OpenWith is Open with options.
+func OpenWith(ctx context.Context, path string, o Options) (*DB, error) {
+	return openWith(ctx, path, o, nil)
+}
+
+func openWith(ctx context.Context, path string, o Options, observe func(frames, moved int)) (*DB, error) {
 	q := url.Values{}
 	q.Add("_pragma", "busy_timeout(10000)")
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(ON)")
+	// The checkpointer moves the log, off the commits (checkpoint.go).
+	q.Add("_pragma", "wal_autocheckpoint(0)")
 	w, err := sql.Open("sqlite", path+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -69,7 +89,28 @@ func Open(ctx context.Context, path string) (*DB, error) {
 	// prepared on it, which a connection closed when idle would take along.
 	r.SetMaxOpenConns(readers)
 	r.SetMaxIdleConns(readers)
-	return &DB{sqlstore.New(w, r, dialect(ms))}, nil
+	cq := url.Values{}
+	cq.Add("_pragma", "busy_timeout(10000)")
+	c, err := sql.Open("sqlite", path+"?"+cq.Encode())
+	if err != nil {
+		w.Close()
+		r.Close()
+		return nil, fmt.Errorf("open %s for checkpoints: %w", path, err)
+	}
+	c.SetMaxOpenConns(1)
+	c.SetMaxIdleConns(1)
+	c.SetConnMaxLifetime(0)
+	c.SetConnMaxIdleTime(0)
+	ckpt := newCheckpointer(c, o.Log, observe)
+	d := dialect(ms)
+	d.Committed = ckpt.kick
+	return &DB{DB: sqlstore.New(w, r, d), w: w, ckpt: ckpt}, nil
+}
+
+// Close stops the checkpoints, then closes the store: the last
+// connection closed moves what is left of the log.
+func (db *DB) Close() error {
+	return errors.Join(db.ckpt.stop(), db.DB.Close())
 }
 
 // readers is the size of the read pool.

@@ -79,6 +79,10 @@ type Dialect struct {
 	// together, in one transaction (groupcommit.go): for an engine whose
 	// writes go one at a time through one connection anyway.
 	GroupCommit bool
+	// Committed, when set, is called after each write transaction
+	// commits (SQLite: its checkpointer learns the log grew). It must
+	// not block.
+	Committed func()
 }
 
 // forUpdateOf locks only the rows of the given table alias (PostgreSQL
@@ -217,12 +221,16 @@ func (db *DB) tryTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	tctx, cancel := db.d.statementContext(ctx)
 	defer cancel()
 	if db.d.RunTx != nil {
-		return db.d.RunTx(tctx, opts, func(tx Tx) error {
+		err := db.d.RunTx(tctx, opts, func(tx Tx) error {
 			if err := fn(querier{c: tx, d: db.d, tctx: tctx, hook: db.hook}); err != nil {
 				return err
 			}
 			return ctx.Err()
 		})
+		if err == nil && pool == db.w && db.d.Committed != nil {
+			db.d.Committed()
+		}
+		return err
 	}
 	tx, err := pool.BeginTx(tctx, opts)
 	if err != nil {
@@ -242,6 +250,8 @@ func (db *DB) tryTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 		_ = tx.Rollback()
 	} else if err = tx.Commit(); err != nil {
 		err = fmt.Errorf("commit: %w", err)
+	} else if pool == db.w && db.d.Committed != nil {
+		db.d.Committed()
 	}
 	if st != nil {
 		// Now that the transaction has given its connection back (the
