@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"testing"
 	"time"
 
@@ -74,10 +73,4 @@ func otaRows(t *testing.T, rep *report, cp *harness.ControlPlane) {
 	u, r := median(update), median(restart)
 	rep.add(fmt.Sprintf("daemon update -> new binary's first poll (median of %d)", n), ms(u),
 		"plain restart "+ms(r), float64(u)/float64(r), "<= 3 x plain restart", boolp(u <= 3*r))
-}
-
-func median(ds []time.Duration) time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[len(s)/2]
 }

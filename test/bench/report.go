@@ -66,8 +66,24 @@ func timeN(t testing.TB, n int, f func() error) time.Duration {
 		}
 		ds = append(ds, time.Since(start))
 	}
-	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-	return ds[len(ds)/2]
+	return median(ds)
+}
+
+// timeOnce runs f once and returns how long it took.
+func timeOnce(t testing.TB, f func() error) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if err := f(); err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// median is the middle of ds.
+func median(ds []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
 }
 
 func bashTrue() error { return exec.Command("bash", "-c", "true").Run() }
