@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -128,6 +129,57 @@ func TestExecEndPollsWhenNoPollIsInFlight(t *testing.T) {
 	h.exec("next", "true")
 	h.cp.WaitResult("next", 10*time.Second)
 	h.waitPolls(3)
+}
+
+// The poll after a batch with an exec goes out once the exec's process
+// exists (AckHold, which bounds that wait, never ends it here), not ahead
+// of its spawn.
+func TestThePollAfterAnExecWaitsForItsProcess(t *testing.T) {
+	var mu sync.Mutex
+	var running []bool // per poll: was the exec's process there when it came
+	h := newHarness(t, setup{
+		cpOpts: []fakecp.Option{fakecp.WithMaxHold(60 * time.Second), fakecp.WithPollHook(func(messages.PollRequest) {
+			there := childRunning("sleep 61")
+			mu.Lock()
+			defer mu.Unlock()
+			running = append(running, there)
+		})},
+		settings: func(s *actors.Settings) {
+			s.Poll.WaitMax, s.Poll.RequestTimeout, s.Poll.AckHold = 20*time.Second, 60*time.Second, time.Hour
+		},
+	})
+	h.waitPolls(1)
+	id := h.exec("slow", "sleep 61")
+	h.cp.Wait(10*time.Second, "the exec delivered", func() bool { _, ok := h.cp.DeliveredBy(id); return ok })
+	by, _ := h.cp.DeliveredBy(id)
+	h.waitPolls(by + 2)
+	mu.Lock()
+	defer mu.Unlock()
+	if !running[by+1] {
+		t.Fatal("the poll after the exec's batch came before the exec's process")
+	}
+}
+
+// An exec that does not start soon (its payload's presign hangs) holds
+// the next poll for AckHold only.
+func TestThePollAfterAnExecThatWaitsGoesAfterTheHold(t *testing.T) {
+	h := newHarness(t, setup{
+		cpOpts: []fakecp.Option{fakecp.WithMaxHold(60 * time.Second)},
+		settings: func(s *actors.Settings) {
+			s.Poll.WaitMax, s.Poll.RequestTimeout, s.Poll.AckHold = 20*time.Second, 60*time.Second, 50*time.Millisecond
+		},
+	})
+	h.waitPolls(1)
+	h.cp.Hang(fakecp.RoutePresign, 1)
+	id := h.exec("stuck", "true", func(e *messages.Exec) {
+		e.PayloadRef = &messages.PayloadRef{Bucket: "b", Key: "k", Size: 1}
+	})
+	h.cp.Wait(10*time.Second, "the exec delivered", func() bool { _, ok := h.cp.DeliveredBy(id); return ok })
+	by, _ := h.cp.DeliveredBy(id)
+	h.waitPolls(by + 2)
+	if _, done := h.cp.Result("stuck"); done {
+		t.Fatal("the exec finished; its presign was to hang")
+	}
 }
 
 func TestExecSentinelsThroughTheDaemon(t *testing.T) {

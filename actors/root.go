@@ -99,6 +99,8 @@ func (r *root) Receive(ctx actor.Context) {
 		}
 		r.send(ctx, PollerName, wake)
 		r.checkDone(ctx)
+	case *messages.ExecStarted:
+		r.send(ctx, PollerName, m)
 	case *poller.TargetVersion:
 		// Auto-update belongs to whichever child takes ota_update.
 		if name, ok := r.routes[messages.KindOtaUpdate]; ok {

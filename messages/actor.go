@@ -8,6 +8,12 @@ import "time"
 // because capacity was freed or a result is ready to be acknowledged.
 type Wake struct{}
 
+// ExecStarted is sent by an exec child to the root once the exec's
+// process exists; the root passes it to the poller.
+type ExecStarted struct {
+	ExecID string
+}
+
 // ExecFinished is sent by an exec child to its parent once its result has
 // been handed over for posting.
 type ExecFinished struct {

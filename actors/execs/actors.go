@@ -68,7 +68,11 @@ func Props(d *Deps) *actor.Props {
 			var res *messages.ExecResult
 			outcome := OutcomeFailed
 			if body, _ := e.Body.(*messages.Exec); body != nil {
-				res, outcome = d.Shell.run(ctx, body)
+				// The poller holds its next poll until the process
+				// exists (messages.ExecStarted).
+				res, outcome = d.Shell.run(ctx, body, func() {
+					sys.Root.Send(d.Finished, &messages.ExecStarted{ExecID: e.ID})
+				})
 			} else {
 				msg := "exec body missing"
 				res = &messages.ExecResult{ExitCode: messages.ExitFailed, Error: &msg}

@@ -8,5 +8,5 @@ import (
 
 // RunOutcome is run, for the tests of the outcomes the metrics count.
 func (s *Shell) RunOutcome(ctx context.Context, e *messages.Exec) (*messages.ExecResult, string) {
-	return s.run(ctx, e)
+	return s.run(ctx, e, nil)
 }

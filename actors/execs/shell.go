@@ -55,14 +55,15 @@ type Shell struct {
 // ends it early: its cause becomes the error, and a context made by
 // procgroup.WithKill may ask for the group to be killed without the grace.
 func (s *Shell) Run(ctx context.Context, e *messages.Exec) *messages.ExecResult {
-	res, _ := s.run(ctx, e)
+	res, _ := s.run(ctx, e, nil)
 	return res
 }
 
 // run is Run, and also says how the exec ended, as the metrics count it
 // (see Outcomes): what the result alone cannot tell is whether a -1 was a
-// kill (a signal, a cancel) or a failure to run.
-func (s *Shell) run(ctx context.Context, e *messages.Exec) (_ *messages.ExecResult, outcome string) {
+// kill (a signal, a cancel) or a failure to run. onStart, when non-nil, is
+// called once the command's process exists.
+func (s *Shell) run(ctx context.Context, e *messages.Exec, onStart func()) (_ *messages.ExecResult, outcome string) {
 	start := time.Now()
 	outcome = OutcomeFailed
 	log := s.Log.With().Str("exec_id", e.ExecID).Logger()
@@ -108,7 +109,7 @@ func (s *Shell) run(ctx context.Context, e *messages.Exec) (_ *messages.ExecResu
 	// command, not an option.
 	cmd := procgroup.Command{
 		Argv: []string{"bash", "-c", "--", e.Command}, Env: env, Dir: dir,
-		KillGrace: s.KillGrace,
+		KillGrace: s.KillGrace, Started: onStart,
 	}
 	// Without stdin the child reads /dev/null (the same end of file at
 	// once) rather than a pipe that a goroutine of its own would close.

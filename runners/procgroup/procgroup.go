@@ -87,6 +87,10 @@ type Command struct {
 	// job. Its error is returned in Result.StopErr and does not prevent the
 	// group from being killed.
 	Stop func(ctx context.Context) error
+	// Started, when non-nil, is called once the process exists, before
+	// Run waits for it (not when it fails to start): for a caller with
+	// something to do as soon as the command is under way.
+	Started func()
 }
 
 // StartError is an error of a command that never started.
@@ -196,6 +200,9 @@ func Run(ctx context.Context, c Command) (Result, error) {
 		return Result{}, &StartError{Step: "start " + c.Argv[0], Err: startErr}
 	}
 	pgid := cmd.Process.Pid
+	if c.Started != nil {
+		c.Started()
+	}
 
 	tail := &tailBuffer{max: stderrTailSize}
 	var readers sync.WaitGroup

@@ -103,6 +103,7 @@ type CP struct {
 	workerID  *string
 	helloFunc func(*messages.HelloRequest) messages.HelloResponse
 	token     string
+	pollHook  func(messages.PollRequest)
 	blobs     map[string][]byte
 	nextID    int
 }
@@ -137,6 +138,10 @@ func WithHello(f func(*messages.HelloRequest) messages.HelloResponse) Option {
 
 // WithToken makes every route but blobs require "Authorization: Bearer tok".
 func WithToken(tok string) Option { return func(c *CP) { c.token = tok } }
+
+// WithPollHook has f called with each poll as it arrives, before it is
+// recorded or answered: for a test that looks at the world at that moment.
+func WithPollHook(f func(messages.PollRequest)) Option { return func(c *CP) { c.pollHook = f } }
 
 // New starts a fake control plane on loopback; it stops when the test ends.
 func New(t testing.TB, opts ...Option) *CP {
@@ -613,6 +618,9 @@ func (c *CP) poll(w http.ResponseWriter, r *http.Request, rec *Request) int {
 	var req messages.PollRequest
 	if err := messages.Unmarshal(rec.Body, &req); err != nil {
 		return c.bad(w, err, "body")
+	}
+	if c.pollHook != nil {
+		c.pollHook(req)
 	}
 	c.mu.Lock()
 	c.polls = append(c.polls, req)
