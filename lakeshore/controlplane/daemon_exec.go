@@ -77,7 +77,7 @@ func (s *Server) handleExecResult(w http.ResponseWriter, r *http.Request) {
 	}
 	// The state is checked again where the result is stored: the lost
 	// sweep may have finished the exec since authorizeExec read it.
-	err = s.st.FinishRunningExec(r.Context(), id, stored, s.now())
+	finished, err := s.st.FinishRunningExec(r.Context(), id, stored, s.now())
 	if err == nil || errors.Is(err, store.ErrExecFinished) || isNotFound(err) {
 		s.handedOver.forget(id)
 	}
@@ -95,6 +95,7 @@ func (s *Server) handleExecResult(w http.ResponseWriter, r *http.Request) {
 		fail(err)
 		return
 	}
+	s.waiting.finish(finished)
 	s.wake.broadcast(execKey(id))
 	s.metrics.observeExec(res)
 	s.log.Info().Str("exec_id", id).Int32("exit_code", res.ExitCode).Uint64("duration_ms", res.DurationMs).Msg("exec finished")

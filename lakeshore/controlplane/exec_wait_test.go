@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,5 +149,37 @@ func TestRefusedWaitingSubmissionLeavesNoWait(t *testing.T) {
 	wantConflict(t, r, "second job", first.ExecID)
 	if n := e.srv.wake.size(); n != 0 {
 		t.Fatalf("%d wake-up keys left subscribed", n)
+	}
+}
+
+// A waiting submission whose result is stored by this process answers
+// with the exec as that result left it: no read of the row just written.
+func TestAWaitingSubmissionIsAnsweredWithoutARead(t *testing.T) {
+	cs := openCounting(t)
+	e := newEnv(t, func(c *Config) { c.Store = cs })
+	id, cursor := e.hello("m", "l")
+	sub := e.submitWaiting(id, operatorapi.ExecRequest{Command: "echo hi"})
+	acc := recv(t, sub.accepted, "accepted line")
+	e.waitParked(execKey(acc.ExecID))
+	if p := e.poll(id, &cursor, 0, ""); len(p.Commands) != 1 {
+		t.Fatalf("poll: %+v", p)
+	}
+	cs.take()
+	r := e.do(http.MethodPost, "/v1/daemon/exec/"+acc.ExecID+"/result", messages.ContentType, testDaemon,
+		mustMarshal(t, &messages.ExecResult{ExitCode: 3, Stdout: "hi\n", DurationMs: 4}))
+	if r.status != http.StatusOK {
+		t.Fatalf("result: %d %q", r.status, r.body)
+	}
+	ex := recv(t, sub.ended, "end of the wait")
+	if ex.ExecID != acc.ExecID || ex.WorkerID != id || ex.Command != "echo hi" || ex.State != operatorapi.ExecFinished ||
+		ex.Result == nil || ex.Result.ExitCode != 3 || ex.Result.Stdout != "hi\n" || ex.CreatedAt.IsZero() {
+		t.Fatalf("the wait ended with %+v (result %+v)", ex, ex.Result)
+	}
+	if calls := cs.take(); strings.Contains(calls, "Exec×") {
+		t.Fatalf("the result and the answer called %q: want no read of the exec", calls)
+	}
+	// A reader that comes later reads the same from the store.
+	if got := e.getExec(acc.ExecID, ""); got.State != ex.State || got.Result == nil || got.Result.ExitCode != 3 || !got.CreatedAt.Equal(ex.CreatedAt) {
+		t.Fatalf("read back %+v, the wait said %+v", got, ex)
 	}
 }

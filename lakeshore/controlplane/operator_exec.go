@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"nymph/lakeshore/operatorapi"
@@ -83,8 +84,9 @@ func (s *Server) submitExec(w http.ResponseWriter, r *http.Request, wk store.Wor
 	var first *subscription
 	if wait > 0 {
 		woken, release := s.wake.subscribe(execKey(id))
-		first = &subscription{woken: woken, release: release}
+		first = &subscription{woken: woken, release: release, end: s.waiting.watch(id)}
 		defer release()
+		defer s.waiting.unwatch(id)
 	}
 	c, err := s.enqueue(r, wk, messages.KindExec, body, newExec, nil)
 	if unread {
@@ -354,6 +356,9 @@ func (s *Server) awaitExec(r *http.Request, ns, id string, wait time.Duration, o
 type subscription struct {
 	woken   <-chan struct{}
 	release func()
+	// end, when set, is where a result this process stores puts the
+	// finished exec (waitingExecs).
+	end *finishedSlot
 }
 
 // awaitExecFrom is awaitExec whose first read waits for the first news on
@@ -375,6 +380,11 @@ func (s *Server) awaitExecFrom(r *http.Request, ns, id string, wait time.Duratio
 			return store.Exec{}, r.Context().Err()
 		}
 		waited = true
+		if e, ok := first.end.get(); ok && e.Namespace == ns {
+			// Its result was stored here: the exec as it finished, with
+			// no read.
+			return e, nil
+		}
 	}
 	for {
 		woken, release := s.wake.subscribe(key)
@@ -479,4 +489,59 @@ func (s *Server) handleListExecs(w http.ResponseWriter, r *http.Request) {
 		out.Execs = append(out.Execs, v)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// waitingExecs hands the exec a result finishes to the submission of this
+// process that waits for it, so its answer needs no read of the row the
+// result just wrote. Only submissions that wait are watched, from before
+// the enqueue to their answer. Safe for concurrent use.
+type waitingExecs struct {
+	mu sync.Mutex
+	m  map[string]*finishedSlot
+}
+
+// finishedSlot is one watched exec: set once it finished here.
+type finishedSlot struct {
+	mu  sync.Mutex
+	e   store.Exec
+	set bool
+}
+
+func (w *waitingExecs) watch(id string) *finishedSlot {
+	slot := &finishedSlot{}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.m == nil {
+		w.m = map[string]*finishedSlot{}
+	}
+	w.m[id] = slot
+	return slot
+}
+
+func (w *waitingExecs) unwatch(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.m, id)
+}
+
+// finish gives e, just finished, to the submission watching it, if any.
+func (w *waitingExecs) finish(e store.Exec) {
+	w.mu.Lock()
+	slot := w.m[e.ID]
+	w.mu.Unlock()
+	if slot != nil {
+		slot.mu.Lock()
+		slot.e, slot.set = e, true
+		slot.mu.Unlock()
+	}
+}
+
+// get returns the finished exec, if it finished here; a nil slot has none.
+func (f *finishedSlot) get() (store.Exec, bool) {
+	if f == nil {
+		return store.Exec{}, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.e, f.set
 }

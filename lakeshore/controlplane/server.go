@@ -161,6 +161,7 @@ type Server struct {
 	wake              *hub
 	presence          *presence
 	handedOver        *deliveredExecs
+	waiting           waitingExecs
 	handoffs          *handoffs
 	caches            *caches
 	handler           http.Handler

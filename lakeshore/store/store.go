@@ -248,8 +248,9 @@ type Execs interface {
 	// only while the exec is running (delivered, not finished), checked
 	// and applied in one transaction, so of a result and the lost sweep's
 	// FinishExec exactly one wins. Otherwise it is ErrExecNotDelivered or
-	// ErrExecFinished and nothing changes.
-	FinishRunningExec(ctx context.Context, id string, result []byte, now time.Time) error
+	// ErrExecFinished and nothing changes. It returns the exec as it
+	// finished.
+	FinishRunningExec(ctx context.Context, id string, result []byte, now time.Time) (Exec, error)
 	// OpenExecs counts queued and running execs per worker of a namespace.
 	OpenExecs(ctx context.Context, namespace string) (map[string]int, error)
 	// LostExecs returns the execs, of every namespace, that will never get

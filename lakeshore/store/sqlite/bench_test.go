@@ -76,7 +76,8 @@ func execCycle(ctx context.Context, s store.Store, w benchWorker, id string, now
 	if _, err := s.RecordPoll(ctx, store.Poll{WorkerID: w.id, Cursor: &cur, Now: now}); err != nil {
 		return err
 	}
-	return s.FinishRunningExec(ctx, "e"+id, []byte("{}"), now)
+	_, err = s.FinishRunningExec(ctx, "e"+id, []byte("{}"), now)
+	return err
 }
 
 // BenchmarkPollAndExec is what the store costs the control plane per empty

@@ -13,20 +13,30 @@ import (
 
 // Exec implements store.Execs.
 func (db *DB) Exec(ctx context.Context, id string) (store.Exec, error) {
-	var (
-		e                 store.Exec
-		created           int64
-		started, finished sql.NullInt64
-	)
-	err := db.reader().QueryRow(ctx, `SELECT id, namespace, worker_id, command_id, command, stream, state, created_at,
-		started_at, finished_at, result, output_len FROM execs WHERE id = ?`, id).Scan(
-		&e.ID, &e.Namespace, &e.WorkerID, &e.CommandID, &e.Command, &e.Stream, &e.State, &created,
-		&started, &finished, &e.Result, &e.OutputLen)
+	e, err := scanExec(db.reader().QueryRow(ctx, `SELECT `+execColumns+` FROM execs WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Exec{}, notFound("exec", id)
 	}
 	if err != nil {
 		return store.Exec{}, fmt.Errorf("read exec %s: %w", id, err)
+	}
+	return e, nil
+}
+
+// execColumns are the columns scanExec reads, in its order.
+const execColumns = `id, namespace, worker_id, command_id, command, stream, state, created_at,
+	started_at, finished_at, result, output_len`
+
+// scanExec reads one row of execColumns.
+func scanExec(row interface{ Scan(...any) error }) (store.Exec, error) {
+	var (
+		e                 store.Exec
+		created           int64
+		started, finished sql.NullInt64
+	)
+	if err := row.Scan(&e.ID, &e.Namespace, &e.WorkerID, &e.CommandID, &e.Command, &e.Stream, &e.State, &created,
+		&started, &finished, &e.Result, &e.OutputLen); err != nil {
+		return store.Exec{}, err
 	}
 	e.CreatedAt, e.StartedAt, e.FinishedAt = fromMs(created), fromNullMs(started), fromNullMs(finished)
 	return e, nil
@@ -129,7 +139,8 @@ func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time
 }
 
 // FinishRunningExec implements store.Execs.
-func (db *DB) FinishRunningExec(ctx context.Context, id string, result []byte, now time.Time) error {
+func (db *DB) FinishRunningExec(ctx context.Context, id string, result []byte, now time.Time) (store.Exec, error) {
+	var e store.Exec
 	err := db.tx(ctx, func(tx querier) error {
 		var state string
 		err := tx.QueryRow(ctx, `SELECT state FROM execs WHERE id = ?`+tx.d.ForUpdate, id).Scan(&state)
@@ -142,14 +153,14 @@ func (db *DB) FinishRunningExec(ctx context.Context, id string, result []byte, n
 		if err := execRunning(state); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE execs SET state = ?, result = ?, finished_at = ? WHERE id = ?`,
-			operatorapi.ExecFinished, nonNilBytes(result), ms(now), id)
+		e, err = scanExec(tx.QueryRow(ctx, `UPDATE execs SET state = ?, result = ?, finished_at = ? WHERE id = ?
+			RETURNING `+execColumns, operatorapi.ExecFinished, nonNilBytes(result), ms(now), id))
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("finish exec %s: %w", id, err)
+		return store.Exec{}, fmt.Errorf("finish exec %s: %w", id, err)
 	}
-	return nil
+	return e, nil
 }
 
 // execRunning refuses a report for an exec in state that is not running.

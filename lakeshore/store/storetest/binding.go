@@ -202,7 +202,7 @@ func testExecReportsOnlyWhileRunning(t *testing.T, e *env) {
 	if _, err := db.AppendOutput(bg, "e1", []byte("early")); !errors.Is(err, store.ErrExecNotDelivered) {
 		t.Fatalf("chunk for a queued exec: %v", err)
 	}
-	if err := db.FinishRunningExec(bg, "e1", []byte("forged"), t0); !errors.Is(err, store.ErrExecNotDelivered) {
+	if _, err := db.FinishRunningExec(bg, "e1", []byte("forged"), t0); !errors.Is(err, store.ErrExecNotDelivered) {
 		t.Fatalf("result for a queued exec: %v", err)
 	}
 	if x, _ := db.Exec(bg, "e1"); x.State != operatorapi.ExecQueued || x.OutputLen != 0 || x.Result != nil && len(x.Result) > 0 {
@@ -214,10 +214,11 @@ func testExecReportsOnlyWhileRunning(t *testing.T, e *env) {
 	if n, err := db.AppendOutput(bg, "e1", []byte("out")); err != nil || n != 3 {
 		t.Fatalf("chunk while running: %d %v", n, err)
 	}
-	if err := db.FinishRunningExec(bg, "e1", []byte("real"), t0.Add(time.Second)); err != nil {
+	fin, err := db.FinishRunningExec(bg, "e1", []byte("real"), t0.Add(time.Second))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.FinishRunningExec(bg, "e1", []byte("again"), t0); !errors.Is(err, store.ErrExecFinished) {
+	if _, err := db.FinishRunningExec(bg, "e1", []byte("again"), t0); !errors.Is(err, store.ErrExecFinished) {
 		t.Fatalf("second result: %v", err)
 	}
 	if _, err := db.AppendOutput(bg, "e1", []byte("late")); !errors.Is(err, store.ErrExecFinished) {
@@ -228,16 +229,22 @@ func testExecReportsOnlyWhileRunning(t *testing.T, e *env) {
 		!x.FinishedAt.Equal(t0.Add(time.Second)) {
 		t.Fatalf("finished exec %+v", x)
 	}
-	if err := db.FinishRunningExec(bg, "nope", nil, t0); !errors.Is(err, store.ErrNotFound) {
+	// What it returned is the row as it finished.
+	if fin.ID != "e1" || fin.Namespace != "default" || fin.WorkerID != w.ID || fin.Command != "echo" || !fin.Stream ||
+		fin.State != operatorapi.ExecFinished || string(fin.Result) != "real" || fin.OutputLen != 3 ||
+		fin.FinishedAt == nil || !fin.FinishedAt.Equal(*x.FinishedAt) || !fin.CreatedAt.Equal(x.CreatedAt) {
+		t.Fatalf("FinishRunningExec returned %+v; the row is %+v", fin, x)
+	}
+	if _, err := db.FinishRunningExec(bg, "nope", nil, t0); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("unknown exec: %v", err)
 	}
 
 	// The worker's result racing the lost sweep: one of them wins.
 	stores := e.racers(t, 2)
 	var worker, sweep bool
-	err := race(2, func(i int) error {
+	err = race(2, func(i int) error {
 		if i == 0 {
-			err := stores[0].FinishRunningExec(bg, "e2", []byte("worker"), t0)
+			_, err := stores[0].FinishRunningExec(bg, "e2", []byte("worker"), t0)
 			worker = err == nil
 			if errors.Is(err, store.ErrExecFinished) {
 				return nil
