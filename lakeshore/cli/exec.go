@@ -255,6 +255,7 @@ func (a *app) pickDaemon(ctx context.Context, c *opclient.Client) (operatorapi.W
 	if len(active) == 0 {
 		return operatorapi.Worker{}, fmt.Errorf("no active daemon in namespace %q to pick from", c.Namespace())
 	}
+	a.watchSignals()
 	return pick(ctx, a.env.Stdin, a.env.Stderr, active)
 }
 

@@ -19,6 +19,7 @@ import (
 // the terminal raises SIGINT, which cancels ctx, while the read itself
 // would go on until Enter.
 func (a *app) confirm(ctx context.Context, question string) (bool, error) {
+	a.watchSignals()
 	fmt.Fprintf(a.env.Stderr, "%s [y/N]: ", question)
 	answer := make(chan string, 1)
 	go func() {

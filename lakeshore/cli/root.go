@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -40,6 +41,10 @@ type Env struct {
 	// Exec replaces the process with another program (SystemExec); nil
 	// means it cannot, and a verb only lakeshore-server has fails.
 	Exec func(path string, argv, envv []string) error
+	// WatchSignals, when set, has SIGINT and SIGTERM cancel the verb's
+	// context from now on (Run's signalWatch): a verb calls it before it
+	// asks the operator anything. Calling it again does nothing.
+	WatchSignals func()
 }
 
 // SystemEnv is the real process environment.
@@ -54,6 +59,14 @@ func SystemEnv() Env {
 		StderrTTY: isTerminal(os.Stderr),
 		Now:       time.Now,
 		Exec:      SystemExec,
+	}
+}
+
+// watchSignals has signals cancel the verb from now on, where the
+// environment watches them (Env.WatchSignals).
+func (a *app) watchSignals() {
+	if a.env.WatchSignals != nil {
+		a.env.WatchSignals()
 	}
 }
 
@@ -82,17 +95,46 @@ const (
 
 // Run runs lakeshore as this process (its arguments, env and os.Exit are
 // the caller's): SIGINT or SIGTERM cancels the verb, and a second one ends
-// the process at once.
+// the process at once. Signals are watched from signalsAfter into the run,
+// or from the moment a verb asks something (Env.WatchSignals); before
+// that, one ends the process as it would any program.
 func Run(env Env) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// After the first signal the context is done; give the default
-	// behaviour back so a second Ctrl-C ends the process at once.
-	go func() {
-		<-ctx.Done()
-		stop()
-	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := &signalWatch{cancel: cancel}
+	env.WatchSignals = w.start
+	t := time.AfterFunc(signalsAfter, w.start)
+	defer t.Stop()
 	return Main(ctx, os.Args[1:], env)
+}
+
+// signalsAfter is how long into a run signals start to be watched. The
+// watch costs a thread of its own, blocked for the signal, and the hand-off
+// of the processor away from it: half a millisecond of an 8 ms `daemon
+// exec` (measured: 29-48 context switches a run instead of 61-69). A verb
+// that is over sooner is over before anyone could press Ctrl-C; a signal
+// from a script in that window ends the process unwatched, leaving what it
+// queued to run.
+const signalsAfter = 50 * time.Millisecond
+
+// signalWatch turns the first SIGINT or SIGTERM into cancel, then gives
+// the signals their default back, so that a second one ends the process.
+// start is safe to call from any goroutine, any number of times.
+type signalWatch struct {
+	once   sync.Once
+	cancel context.CancelFunc
+}
+
+func (w *signalWatch) start() {
+	w.once.Do(func() {
+		ch := make(chan os.Signal, 1)
+		signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+		go func() {
+			<-ch
+			signal.Stop(ch)
+			w.cancel()
+		}()
+	})
 }
 
 // Main runs lakeshore with args (without the program name) and returns the
