@@ -130,6 +130,11 @@ type Runtime struct {
 	// daemon ~40% more CPU, taken from the job. $GOMAXPROCS, when set,
 	// wins.
 	MaxProcs int `toml:"max_procs"`
+	// TimerSlackUS is how late, in microseconds, the kernel may fire the
+	// daemon's timers, so that the Go runtime's own wake-ups coalesce
+	// (package timerslack; it needs CAP_SYS_NICE). The commands the daemon
+	// runs keep the slack it started with. 0 leaves the kernel's.
+	TimerSlackUS int `toml:"timer_slack_us"`
 }
 
 // Identity is the [identity] section (request signing).
@@ -240,6 +245,7 @@ func Default() Config {
 			ShutdownGraceS:           30,
 			AutoUpdateCheckIntervalS: 3600,
 			MaxProcs:                 1,
+			TimerSlackUS:             1000,
 		},
 		Identity: Identity{KeyFile: "~/.nymph/identity.key"},
 		Log:      Log{Level: "info", Format: "auto"},
@@ -564,6 +570,9 @@ func (r *reader) validate(c *Config) {
 	}
 	if c.Runtime.MaxProcs < 0 {
 		r.fail("[runtime] max_procs", "must be 0 (one per CPU) or a number of processors, got %d", c.Runtime.MaxProcs)
+	}
+	if c.Runtime.TimerSlackUS < 0 || c.Runtime.TimerSlackUS > 1_000_000 {
+		r.fail("[runtime] timer_slack_us", "must be 0 (the kernel's) or a number of microseconds up to 1000000, got %d", c.Runtime.TimerSlackUS)
 	}
 	if c.Runtime.ShutdownGraceS < 0 {
 		r.fail("[runtime] shutdown_grace_s", "must be >= 0, got %v", c.Runtime.ShutdownGraceS)

@@ -32,7 +32,7 @@ func TestDefaultsFromMinimalFile(t *testing.T) {
 	}
 	if c.Runtime.KeepAliveS != -1 || c.Runtime.ShutdownGraceS != 30 || c.Runtime.DefaultRunner != "process" ||
 		c.Runtime.AutoUpdate || c.Runtime.AutoUpdateCheckIntervalS != 3600 || c.Runtime.MaxInvocations != 0 ||
-		c.Runtime.MaxProcs != 1 {
+		c.Runtime.MaxProcs != 1 || c.Runtime.TimerSlackUS != 1000 {
 		t.Fatalf("runtime defaults: %+v", c.Runtime)
 	}
 	if c.Daemon.MachineID != "auto" || c.Log.Level != "info" || c.Log.Format != "auto" {
@@ -132,6 +132,7 @@ keep_alive_s = -5
 shutdown_grace_s = -1
 auto_update = "yes"
 max_procs = -2
+timer_slack_us = -1
 
 [log]
 level = "loud"
@@ -155,6 +156,7 @@ format = "xml"
 		"[runtime] shutdown_grace_s: must be >= 0",
 		"[runtime] auto_update: must be true or false",
 		"[runtime] max_procs: must be 0 (one per CPU) or a number of processors, got -2",
+		"[runtime] timer_slack_us: must be 0 (the kernel's) or a number of microseconds up to 1000000, got -1",
 		"[log] level: must be one of",
 		"[log] format: must be one of",
 	} {

@@ -33,6 +33,7 @@ import (
 	"nymph/identity"
 	"nymph/messages"
 	"nymph/runners"
+	"nymph/timerslack"
 )
 
 // outboxFlush bounds the last attempt to post pending results at exit;
@@ -54,6 +55,11 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 		log.Warn().Msg(w)
 	}
 	capProcs(cfg.Runtime.MaxProcs, os.Getenv("GOMAXPROCS"), log)
+	if n, err := timerslack.Coarsen(time.Duration(cfg.Runtime.TimerSlackUS) * time.Microsecond); err != nil {
+		log.Info().Err(err).Msg("timer slack left as the kernel's")
+	} else if n > 0 {
+		log.Debug().Int("timer_slack_us", cfg.Runtime.TimerSlackUS).Int("threads", n).Msg("timer slack set")
+	}
 	if err := os.MkdirAll(cfg.Runtime.Workdir, 0o755); err != nil {
 		return &exitError{code: exitUsage, err: fmt.Errorf("[runtime] workdir: %w", err)}
 	}

@@ -24,6 +24,7 @@ import (
 	"nymph/atomicfile"
 	"nymph/dist"
 	"nymph/messages"
+	"nymph/timerslack"
 )
 
 const (
@@ -419,7 +420,9 @@ func (u *Updater) Exec() error {
 	}
 	defer u.busy.Unlock()
 	u.log.Info().Str("path", u.exePath).Strs("args", u.args).Msg("ota: exec new binary")
-	err := syscall.Exec(u.exePath, u.args, u.env)
+	// The new binary starts with the timer slack this one began with, and
+	// coarsens it again itself (package timerslack).
+	err := timerslack.Child(func() error { return syscall.Exec(u.exePath, u.args, u.env) })
 	return fmt.Errorf("ota: exec %s: %w", u.exePath, err)
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"nymph/lakeshore/blobs"
 	"nymph/lakeshore/cli"
+	"nymph/timerslack"
 
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
@@ -58,6 +59,7 @@ type serveOpts struct {
 	lostAfterSet bool
 	// procs is --procs: "auto" or a count.
 	procs    string
+	slack    time.Duration
 	identity identityOpts
 	edge     edgeOpts
 	blobs    blobOpts
@@ -204,6 +206,7 @@ SIGINT or SIGTERM stops it cleanly. Logs go to stderr (zerolog).`,
 	fs.DurationVar(&o.lostAfter, "lost-after", controlplane.DefaultLostAfter,
 		"how long a daemon may go unseen before the execs and runs it was running fail as lost (e.g. 10m)")
 	fs.StringVar(&o.procs, "procs", "auto", "processors for the Go runtime: auto (one while the load is under one CPU, every CPU above it) or a count; $GOMAXPROCS, when set, wins")
+	fs.DurationVar(&o.slack, "timer-slack", time.Millisecond, "how late the kernel may fire this process's timers, so that the Go runtime's wake-ups coalesce (needs CAP_SYS_NICE; 0 leaves the kernel's)")
 	o.identity.addFlags(cmd, a.env.Getenv)
 	o.edge.addFlags(cmd)
 	o.blobs.addFlags(cmd, a.env.Getenv)
@@ -274,6 +277,9 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 	if err != nil {
 		return err
 	}
+	if o.slack < 0 {
+		return cli.Usagef("--timer-slack %v: want 0 (the kernel's) or a duration such as 1ms", o.slack)
+	}
 
 	cfg := controlplane.Config{
 		DataDir:      o.dataDir,
@@ -325,6 +331,7 @@ func (a *app) serve(ctx context.Context, o serveOpts) error {
 		logger.Info().Int64("memory_limit_bytes", limit).Msg("memory limit from GOMEMLIMIT: the collector works harder near it")
 	}
 	startProcs(ctx, procCount, a.env.Getenv("GOMAXPROCS"), logger)
+	coarsenTimers(o.slack, logger)
 	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
 		cfg.Store.Close()
@@ -387,6 +394,15 @@ func startProcs(ctx context.Context, count int, env string, log zerolog.Logger) 
 	case runtime.GOMAXPROCS(0) > 1:
 		a := &procs.Adapter{Max: runtime.GOMAXPROCS(0), Log: log}
 		go a.Run(ctx)
+	}
+}
+
+// coarsenTimers applies --timer-slack (package timerslack).
+func coarsenTimers(d time.Duration, log zerolog.Logger) {
+	if n, err := timerslack.Coarsen(d); err != nil {
+		log.Info().Err(err).Msg("timer slack left as the kernel's")
+	} else if n > 0 {
+		log.Debug().Dur("timer_slack", d).Int("threads", n).Msg("timer slack set")
 	}
 }
 

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"nymph/timerslack"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -186,7 +188,9 @@ func Run(ctx context.Context, c Command) (Result, error) {
 	cmd.Stdout = outW
 	cmd.Stderr = errW
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	startErr := cmd.Start()
+	// The child gets the timer slack the daemon started with, not the
+	// coarser one the daemon may run with (package timerslack).
+	startErr := timerslack.Child(cmd.Start)
 	// The child has its own copies now; the parent's write ends must go so
 	// that the readers see EOF when the group is gone.
 	outW.Close()

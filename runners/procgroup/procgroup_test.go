@@ -14,6 +14,7 @@ import (
 
 	"nymph/runners/procgroup"
 	"nymph/test/wait"
+	"nymph/timerslack"
 )
 
 func run(t *testing.T, ctx context.Context, c procgroup.Command) procgroup.Result {
@@ -274,5 +275,33 @@ func TestMemberLeftBehindIsKilledBeforeRunReturns(t *testing.T) {
 	}
 	if live, err := procgroup.WithCmdline(marker); err != nil || len(live) != 0 {
 		t.Fatalf("member still alive after Run returned: %v (%v)", live, err)
+	}
+}
+
+// A daemon that runs with a coarse timer slack (package timerslack) starts
+// its commands with the slack it began with.
+func TestTheChildKeepsTheSlackTheDaemonBeganWith(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("coarsening every thread's timer slack needs CAP_SYS_NICE (run as root)")
+	}
+	before, err := os.ReadFile("/proc/self/timerslack_ns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := timerslack.Coarsen(20 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	res, err := procgroup.Run(context.Background(), procgroup.Command{
+		Argv: []string{"cat", "/proc/self/timerslack_ns"}, Env: os.Environ(), Stdout: &out,
+	})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("run: %+v %v", res, err)
+	}
+	if got := strings.TrimSpace(out.String()); got != strings.TrimSpace(string(before)) && got != "50000" {
+		t.Fatalf("the child's timer slack is %s ns; the process began with %s", got, strings.TrimSpace(string(before)))
+	}
+	if got := strings.TrimSpace(out.String()); got == "20000000" {
+		t.Fatal("the child took the daemon's coarse slack")
 	}
 }
