@@ -235,8 +235,7 @@ func (db *DB) LostExecs(ctx context.Context, staleBefore time.Time) ([]store.Los
 
 // ListExecs implements store.Execs.
 func (db *DB) ListExecs(ctx context.Context, f store.ExecFilter) ([]store.Exec, error) {
-	q := `SELECT id, namespace, worker_id, command_id, command, stream, state, created_at,
-		started_at, finished_at, result, output_len FROM execs WHERE namespace = ?`
+	q := `SELECT ` + execColumns + ` FROM execs WHERE namespace = ?`
 	args := []any{f.Namespace}
 	if f.WorkerID != "" {
 		q += ` AND worker_id = ?`
@@ -251,16 +250,10 @@ func (db *DB) ListExecs(ctx context.Context, f store.ExecFilter) ([]store.Exec, 
 	defer rows.Close()
 	out := []store.Exec{}
 	for rows.Next() {
-		var (
-			e                 store.Exec
-			created           int64
-			started, finished sql.NullInt64
-		)
-		if err := rows.Scan(&e.ID, &e.Namespace, &e.WorkerID, &e.CommandID, &e.Command, &e.Stream, &e.State, &created,
-			&started, &finished, &e.Result, &e.OutputLen); err != nil {
+		e, err := scanExec(rows)
+		if err != nil {
 			return nil, fmt.Errorf("list execs: %w", err)
 		}
-		e.CreatedAt, e.StartedAt, e.FinishedAt = fromMs(created), fromNullMs(started), fromNullMs(finished)
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
