@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -136,13 +137,15 @@ func TestExecEndPollsWhenNoPollIsInFlight(t *testing.T) {
 // of its spawn.
 func TestThePollAfterAnExecWaitsForItsProcess(t *testing.T) {
 	var mu sync.Mutex
-	var running []bool // per poll: was the exec's process there when it came
+	var kids [][]int // per poll: the children of this process when it came
 	h := newHarness(t, setup{
 		cpOpts: []fakecp.Option{fakecp.WithMaxHold(60 * time.Second), fakecp.WithPollHook(func(messages.PollRequest) {
-			there := childRunning("sleep 61")
+			// The pid, not the command line: that of a process in the
+			// middle of its execve reads empty for a moment.
+			there := children()
 			mu.Lock()
 			defer mu.Unlock()
-			running = append(running, there)
+			kids = append(kids, there)
 		})},
 		settings: func(s *actors.Settings) {
 			s.Poll.WaitMax, s.Poll.RequestTimeout, s.Poll.AckHold = 20*time.Second, 60*time.Second, time.Hour
@@ -155,8 +158,8 @@ func TestThePollAfterAnExecWaitsForItsProcess(t *testing.T) {
 	h.waitPolls(by + 2)
 	mu.Lock()
 	defer mu.Unlock()
-	if !running[by+1] {
-		t.Fatal("the poll after the exec's batch came before the exec's process")
+	if !slices.ContainsFunc(kids[by+1], func(pid int) bool { return !slices.Contains(kids[by], pid) }) {
+		t.Fatalf("the poll after the exec's batch came before the exec's process (children %v, before the batch %v)", kids[by+1], kids[by])
 	}
 }
 

@@ -218,18 +218,6 @@ func children() []int {
 	return out
 }
 
-// childRunning reports whether a live child of this process has a
-// command line that holds want (its arguments joined by spaces).
-func childRunning(want string) bool {
-	for _, pid := range children() {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-		if err == nil && strings.Contains(string(bytes.ReplaceAll(b, []byte{0}, []byte{' '})), want) {
-			return true
-		}
-	}
-	return false
-}
-
 // testLog writes to t.Log until the test's cleanup, then drops: actor
 // timers may still fire into dead letters after the daemon stopped.
 type testLog struct {
