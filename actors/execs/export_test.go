@@ -10,3 +10,10 @@ import (
 func (s *Shell) RunOutcome(ctx context.Context, e *messages.Exec) (*messages.ExecResult, string) {
 	return s.run(ctx, e, nil)
 }
+
+// SetBashPath stands for a bash looked up before it moved.
+func (s *Shell) SetBashPath(path string) {
+	s.bashMu.Lock()
+	defer s.bashMu.Unlock()
+	s.bash = path
+}

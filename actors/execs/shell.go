@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -48,6 +51,32 @@ type Shell struct {
 	ChunkTimeout time.Duration
 	Server       Server
 	Log          zerolog.Logger
+
+	// bash is where "bash" was found in the daemon's $PATH: looked up
+	// once, as each lookup walks the $PATH (a dozen failed stats in front
+	// of every spawn, measured), and again when a start finds it gone.
+	bashMu sync.Mutex
+	bash   string
+}
+
+// bashPath returns bash's path, looking it up if it is not known ("" when
+// it is not found: the start looks again, and says so).
+func (s *Shell) bashPath() string {
+	s.bashMu.Lock()
+	defer s.bashMu.Unlock()
+	if s.bash == "" {
+		s.bash, _ = exec.LookPath("bash")
+	}
+	return s.bash
+}
+
+// forgetBash drops a bash path that failed to start.
+func (s *Shell) forgetBash(path string) {
+	s.bashMu.Lock()
+	defer s.bashMu.Unlock()
+	if s.bash == path {
+		s.bash = ""
+	}
 }
 
 // Run executes one exec to completion and returns its result. It never
@@ -108,7 +137,7 @@ func (s *Shell) run(ctx context.Context, e *messages.Exec, onStart func()) (_ *m
 	// "--" ends bash's options: a command that starts with "-" is a
 	// command, not an option.
 	cmd := procgroup.Command{
-		Argv: []string{"bash", "-c", "--", e.Command}, Env: env, Dir: dir,
+		Path: s.bashPath(), Argv: []string{"bash", "-c", "--", e.Command}, Env: env, Dir: dir,
 		KillGrace: s.KillGrace, Started: onStart,
 	}
 	// Without stdin the child reads /dev/null (the same end of file at
@@ -138,11 +167,17 @@ func (s *Shell) run(ctx context.Context, e *messages.Exec, onStart func()) (_ *m
 	}
 
 	pg, err := procgroup.Run(ctx, cmd)
+	var started *procgroup.StartError
+	if errors.As(err, &started) && started.Step == "start bash" && cmd.Path != "" && errors.Is(err, fs.ErrNotExist) {
+		// bash moved since it was looked up: look again, once.
+		s.forgetBash(cmd.Path)
+		cmd.Path = s.bashPath()
+		pg, err = procgroup.Run(ctx, cmd)
+	}
 	if stream != nil {
 		close(stream)
 		<-shipped
 	}
-	var started *procgroup.StartError
 	var errs []string
 	switch {
 	case errors.As(err, &started):

@@ -121,6 +121,21 @@ func TestSpawnFailureIsMinusOne(t *testing.T) {
 	}
 }
 
+// bash is looked up once; when the path found is gone at a start (bash
+// moved), the exec looks again and runs.
+func TestAMovedBashIsLookedUpAgain(t *testing.T) {
+	s := newShell(t, nil)
+	s.SetBashPath(filepath.Join(t.TempDir(), "bash-that-was-here"))
+	r := run(s, messages.Exec{Command: "echo $0 ran"})
+	if r.ExitCode != 0 || r.Stdout != "bash ran\n" {
+		t.Fatalf("%+v error=%s", r, errString(r))
+	}
+	r = run(s, messages.Exec{Command: "echo again"})
+	if r.ExitCode != 0 || r.Stdout != "again\n" {
+		t.Fatalf("second exec: %+v error=%s", r, errString(r))
+	}
+}
+
 // A command that starts with "-" is a command, not an option of bash.
 func TestCommandStartingWithDashIsACommand(t *testing.T) {
 	s := newShell(t, nil)

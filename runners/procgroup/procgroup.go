@@ -62,6 +62,9 @@ const drainCap = 1 << 20
 
 // Command is one child command.
 type Command struct {
+	// Path, when set, is the program to run, Argv[0] being only its name;
+	// "" looks Argv[0] up in $PATH, as exec.Command does.
+	Path string
 	Argv []string
 	// Env is the complete environment of the child.
 	Env []string
@@ -161,7 +164,10 @@ func Run(ctx context.Context, c Command) (Result, error) {
 		return Result{ExitCode: -1, Stopped: Cancelled, Cause: context.Cause(ctx)}, nil
 	}
 
-	cmd := exec.Command(c.Argv[0], c.Argv[1:]...)
+	cmd := &exec.Cmd{Path: c.Path, Args: c.Argv}
+	if c.Path == "" {
+		cmd = exec.Command(c.Argv[0], c.Argv[1:]...)
+	}
 	cmd.Stdin = c.Input
 	if c.Input == nil {
 		stdin, err := openStdin(c.Stdin)
