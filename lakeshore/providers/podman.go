@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/atomicfile"
+	"nymph/timerslack"
 )
 
 // DefaultPodmanCLI is the podman provider's command when --cli is not given.
@@ -256,7 +257,12 @@ func (p *Podman) podman(ctx context.Context, timeout time.Duration, args ...stri
 	// conmon, which podman leaves running per container, must not keep
 	// Wait waiting on an inherited pipe.
 	cmd.WaitDelay = 5 * time.Second
-	err := cmd.Run()
+	// podman, and the containers (daemons) it starts, get the timer slack
+	// this process began with, not its coarser one (package timerslack).
+	err := timerslack.Child(cmd.Start)
+	if err == nil {
+		err = cmd.Wait()
+	}
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
 	}
