@@ -60,6 +60,9 @@ type S3Config struct {
 	// Now is the clock presigned URLs are signed at; time.Now if nil.
 	Now        func() time.Time
 	HTTPClient *http.Client
+	// MaxAttempts is how many times a request that fails as S3 says to
+	// retry (a 500, a 503, a throttle) is tried; 0 is the SDK's 3.
+	MaxAttempts int
 }
 
 // checkTimeout bounds Check: serve must not hang at start on an endpoint
@@ -137,6 +140,9 @@ func OpenS3(ctx context.Context, c S3Config) (*S3, error) {
 	}
 	if c.HTTPClient != nil {
 		opts = append(opts, config.WithHTTPClient(c.HTTPClient))
+	}
+	if c.MaxAttempts > 0 {
+		opts = append(opts, config.WithRetryMaxAttempts(c.MaxAttempts))
 	}
 	cfg, err := config.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
