@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"nymph/lakeshore/operatorapi"
@@ -502,9 +503,7 @@ type waitingExecs struct {
 
 // finishedSlot is one watched exec: set once it finished here.
 type finishedSlot struct {
-	mu  sync.Mutex
-	e   store.Exec
-	set bool
+	e atomic.Pointer[store.Exec]
 }
 
 func (w *waitingExecs) watch(id string) *finishedSlot {
@@ -530,9 +529,7 @@ func (w *waitingExecs) finish(e store.Exec) {
 	slot := w.m[e.ID]
 	w.mu.Unlock()
 	if slot != nil {
-		slot.mu.Lock()
-		slot.e, slot.set = e, true
-		slot.mu.Unlock()
+		slot.e.Store(&e)
 	}
 }
 
@@ -541,7 +538,8 @@ func (f *finishedSlot) get() (store.Exec, bool) {
 	if f == nil {
 		return store.Exec{}, false
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.e, f.set
+	if e := f.e.Load(); e != nil {
+		return *e, true
+	}
+	return store.Exec{}, false
 }

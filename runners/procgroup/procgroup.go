@@ -164,8 +164,10 @@ func Run(ctx context.Context, c Command) (Result, error) {
 		return Result{ExitCode: -1, Stopped: Cancelled, Cause: context.Cause(ctx)}, nil
 	}
 
-	cmd := &exec.Cmd{Path: c.Path, Args: c.Argv}
-	if c.Path == "" {
+	var cmd *exec.Cmd
+	if c.Path != "" {
+		cmd = &exec.Cmd{Path: c.Path, Args: c.Argv}
+	} else {
 		cmd = exec.Command(c.Argv[0], c.Argv[1:]...)
 	}
 	cmd.Stdin = c.Input
