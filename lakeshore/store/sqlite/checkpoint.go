@@ -21,33 +21,51 @@ const (
 	checkpointDelay   = time.Second
 )
 
+// restartFrames is how long the log may grow before the checkpointer
+// makes room for the writer to start it over (16 MB of 4 KB pages).
+const restartFrames = 4096
+
 // checkpointer moves the write-ahead log into the database file on a
 // connection of its own. SQLite's automatic checkpoint runs inside the
 // commit that takes the log past 1,000 pages, its two fsyncs included, so
 // every hundredth exec or so waited milliseconds for the disk in front of
 // its answer (seen as that commit blocked in fsync). A passive checkpoint
-// beside the writer blocks neither it nor the readers; the writer still
-// starts the log over once a checkpoint has moved all of it.
+// beside the writer blocks neither it nor the readers.
+//
+// The writer starts the log over only in a transaction that begins once a
+// checkpoint has moved all of it, and under sustained writes none does:
+// commits land while the passive checkpoint runs, so it always leaves the
+// newest frames behind. The log then grew without end (6 GB in six
+// minutes of back-to-back execs, and every page read slower as its index
+// grew). So when the log holds more than restartFrames frames after a
+// passive checkpoint, a second one runs on the writer's own connection, between two
+// write transactions: it moves the few frames the first left, and the
+// next transaction starts the log over. Only that second one holds the
+// writes up (its two fsyncs, well under a millisecond here).
 //
 // kick is safe to call from any goroutine and never blocks; run is the
 // one goroutine that checkpoints, and stop ends it.
 type checkpointer struct {
-	db       *sql.DB
-	log      zerolog.Logger
+	db     *sql.DB // the checkpoints' own connection
+	writer *sql.DB // the writer's pool of one connection
+	log    zerolog.Logger
+	// commits and restart are checkpointCommits and restartFrames,
+	// smaller in tests.
+	commits  int64
+	restart  int
 	pending  atomic.Int64 // commits since the last checkpoint began
 	kicks    chan struct{}
 	done     chan struct{}
 	ended    chan struct{}
 	once     sync.Once
 	closeErr error
-	// observe, when set (tests), is told the log's frames and how many of
-	// them each checkpoint moved.
-	observe func(frames, moved int)
+	observe  func(frames, moved int) // checkpointTuning.observe
+
 }
 
-func newCheckpointer(db *sql.DB, log zerolog.Logger, observe func(frames, moved int)) *checkpointer {
-	c := &checkpointer{db: db, log: log, kicks: make(chan struct{}, 1), done: make(chan struct{}), ended: make(chan struct{}),
-		observe: observe}
+func newCheckpointer(db, writer *sql.DB, log zerolog.Logger, tune checkpointTuning) *checkpointer {
+	c := &checkpointer{db: db, writer: writer, log: log, commits: tune.commits, restart: tune.restart, kicks: make(chan struct{}, 1),
+		done: make(chan struct{}), ended: make(chan struct{}), observe: tune.observe}
 	go c.run()
 	return c
 }
@@ -55,7 +73,7 @@ func newCheckpointer(db *sql.DB, log zerolog.Logger, observe func(frames, moved 
 // kick counts a committed transaction. Only the first after a checkpoint
 // and the one that fills the batch wake run.
 func (c *checkpointer) kick() {
-	if n := c.pending.Add(1); n == 1 || n == checkpointCommits {
+	if n := c.pending.Add(1); n == 1 || n == c.commits {
 		select {
 		case c.kicks <- struct{}{}:
 		default:
@@ -73,9 +91,9 @@ func (c *checkpointer) run() {
 		case <-c.done:
 			return
 		}
-		if c.pending.Load() < checkpointCommits {
+		if c.pending.Load() < c.commits {
 			delay.Reset(checkpointDelay)
-			for waiting := true; waiting && c.pending.Load() < checkpointCommits; {
+			for waiting := true; waiting && c.pending.Load() < c.commits; {
 				select {
 				case <-c.kicks:
 				case <-delay.C:
@@ -95,17 +113,30 @@ func (c *checkpointer) run() {
 	}
 }
 
-// checkpoint moves what it can of the log without waiting for anyone.
+// checkpoint moves what it can of the log without waiting for anyone,
+// then, if the log is long, what is left on the writer's connection.
 func (c *checkpointer) checkpoint() error {
+	frames, err := c.passive(c.db)
+	if err != nil || frames <= c.restart {
+		return err
+	}
+	// The writer's pool has one connection: this waits for the
+	// transaction in progress, and the next waits for this.
+	_, err = c.passive(c.writer)
+	return err
+}
+
+// passive runs a passive checkpoint on db and returns the log's frames.
+func (c *checkpointer) passive(db *sql.DB) (int, error) {
 	var busy, frames, moved int // busy: 1 when a reader kept some frames back
-	err := c.db.QueryRowContext(context.Background(), `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &moved)
+	err := db.QueryRowContext(context.Background(), `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &frames, &moved)
 	if err != nil {
-		return fmt.Errorf("wal_checkpoint: %w", err)
+		return 0, fmt.Errorf("wal_checkpoint: %w", err)
 	}
 	if c.observe != nil {
 		c.observe(frames, moved)
 	}
-	return nil
+	return frames, nil
 }
 
 // stop ends run and closes the checkpoints' connection; called again, it

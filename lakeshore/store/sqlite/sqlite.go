@@ -53,10 +53,20 @@ func Open(ctx context.Context, path string) (*DB, error) {
 
 // OpenWith is Open with options.
 func OpenWith(ctx context.Context, path string, o Options) (*DB, error) {
-	return openWith(ctx, path, o, nil)
+	return openWith(ctx, path, o, checkpointTuning{commits: checkpointCommits, restart: restartFrames})
 }
 
-func openWith(ctx context.Context, path string, o Options, observe func(frames, moved int)) (*DB, error) {
+// checkpointTuning is what tests change of the checkpointer.
+type checkpointTuning struct {
+	// commits and restart are checkpointCommits and restartFrames.
+	commits int64
+	restart int
+	// observe, when set, is told the log's frames and how many of them
+	// each checkpoint moved.
+	observe func(frames, moved int)
+}
+
+func openWith(ctx context.Context, path string, o Options, tune checkpointTuning) (*DB, error) {
 	q := url.Values{}
 	q.Add("_pragma", "busy_timeout(10000)")
 	q.Add("_pragma", "journal_mode(WAL)")
@@ -64,6 +74,9 @@ func openWith(ctx context.Context, path string, o Options, observe func(frames, 
 	q.Add("_pragma", "foreign_keys(ON)")
 	// The checkpointer moves the log, off the commits (checkpoint.go).
 	q.Add("_pragma", "wal_autocheckpoint(0)")
+	// A log that grew in a burst is cut back when it starts over, instead
+	// of keeping its largest size on disk.
+	q.Add("_pragma", "journal_size_limit(67108864)")
 	w, err := sql.Open("sqlite", path+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -101,7 +114,7 @@ func openWith(ctx context.Context, path string, o Options, observe func(frames, 
 	c.SetMaxIdleConns(1)
 	c.SetConnMaxLifetime(0)
 	c.SetConnMaxIdleTime(0)
-	ckpt := newCheckpointer(c, o.Log, observe)
+	ckpt := newCheckpointer(c, w, o.Log, tune)
 	d := dialect(ms)
 	d.Committed = ckpt.kick
 	return &DB{DB: sqlstore.New(w, r, d), w: w, ckpt: ckpt}, nil
