@@ -35,17 +35,6 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 			}
 			out.Ends = ends
 		}
-		if store.IsJob(c.Kind) {
-			// Under the worker's row lock: of two jobs racing for a
-			// single-job worker, one is refused.
-			held, err := heldJob(ctx, tx, c.Namespace, c.WorkerID)
-			if err != nil {
-				return err
-			}
-			if held != nil {
-				return held
-			}
-		}
 		// The increment takes the worker's row lock: concurrent enqueues on
 		// any replica get consecutive sequence numbers. A hibernate shows
 		// at once on a worker that is awake; one queued behind the
@@ -54,6 +43,8 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 			seen      int64
 			until     sql.NullInt64
 			delivered int64
+			single    bool
+			jobSeq    int64
 		)
 		// A delivery along (DeliverAfter) moves delivered_seq with
 		// last_seq when the poll had everything before: SET sees the row
@@ -69,14 +60,27 @@ func (db *DB) Enqueue(ctx context.Context, c store.NewCommand, e *store.NewExec)
 			hibernating_until = CASE WHEN hibernating_until IS NULL OR hibernating_until <= ?
 				THEN COALESCE(CAST(? AS BIGINT), hibernating_until) ELSE hibernating_until END
 			WHERE id = ? AND (CAST(? AS TEXT) = '' OR namespace = ?)
-			RETURNING last_seq, delivered_seq, namespace, label, state, last_seen_at, hibernating_until`,
+			RETURNING last_seq, delivered_seq, namespace, label, state, last_seen_at, hibernating_until, single_job, job_seq`,
 			deliver, after, c.Kind, ms(c.Now), hib, c.WorkerID, c.Namespace, c.Namespace).Scan(&out.Seq, &delivered,
-			&out.Worker.Namespace, &out.Worker.Label, &out.Worker.State, &seen, &until)
+			&out.Worker.Namespace, &out.Worker.Label, &out.Worker.State, &seen, &until, &single, &jobSeq)
 		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("worker", c.WorkerID)
 		}
 		if err != nil {
 			return fmt.Errorf("bump seq: %w", err)
+		}
+		if single && store.IsJob(c.Kind) {
+			// Under the row lock the increment took: of two jobs racing
+			// for a single-job worker, one is refused, and its
+			// transaction, increment included, rolls back. Other
+			// workers pay for no read of their own.
+			held, err := heldJob(ctx, tx, c.WorkerID, jobSeq)
+			if err != nil {
+				return err
+			}
+			if held != nil {
+				return held
+			}
 		}
 		out.Worker.LastSeenAt, out.Worker.HibernatingUntil = fromMs(seen), fromNullMs(until)
 		var deliveredAt any

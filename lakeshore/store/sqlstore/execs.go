@@ -142,8 +142,16 @@ func (db *DB) FinishExec(ctx context.Context, id string, result []byte, now time
 func (db *DB) FinishRunningExec(ctx context.Context, id string, result []byte, now time.Time) (store.Exec, error) {
 	var e store.Exec
 	err := db.tx(ctx, func(tx querier) error {
+		// One statement for the report that finds its exec running, as
+		// every first report does; the others read why it did not.
+		var err error
+		e, err = scanExec(tx.QueryRow(ctx, `UPDATE execs SET state = ?, result = ?, finished_at = ? WHERE id = ? AND state = ?
+			RETURNING `+execColumns, operatorapi.ExecFinished, nonNilBytes(result), ms(now), id, operatorapi.ExecRunning))
+		if !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
 		var state string
-		err := tx.QueryRow(ctx, `SELECT state FROM execs WHERE id = ?`+tx.d.ForUpdate, id).Scan(&state)
+		err = tx.QueryRow(ctx, `SELECT state FROM execs WHERE id = ?`, id).Scan(&state)
 		if errors.Is(err, sql.ErrNoRows) {
 			return notFound("exec", id)
 		}
@@ -153,9 +161,9 @@ func (db *DB) FinishRunningExec(ctx context.Context, id string, result []byte, n
 		if err := execRunning(state); err != nil {
 			return err
 		}
-		e, err = scanExec(tx.QueryRow(ctx, `UPDATE execs SET state = ?, result = ?, finished_at = ? WHERE id = ?
-			RETURNING `+execColumns, operatorapi.ExecFinished, nonNilBytes(result), ms(now), id))
-		return err
+		// Running now, so queued when the update looked (delivered
+		// between the two statements, on another replica).
+		return store.ErrExecNotDelivered
 	})
 	if err != nil {
 		return store.Exec{}, fmt.Errorf("finish exec %s: %w", id, err)

@@ -481,26 +481,11 @@ func jobEnded(ctx context.Context, tx querier, workerID string, seq int64) (bool
 	return acked || execDone || runDone, nil
 }
 
-// heldJob takes the worker's row lock and returns the
-// *store.SingleJobError that refuses another job for a single-job worker
-// that has its job, or nil when it may take one. One statement both locks
-// and reads the worker (lockWorker's round trip saved).
-func heldJob(ctx context.Context, tx querier, namespace, workerID string) (*store.SingleJobError, error) {
-	var (
-		single bool
-		jobSeq int64
-	)
-	err := tx.QueryRow(ctx, `SELECT single_job, job_seq FROM workers WHERE id = ? AND (CAST(? AS TEXT) = '' OR namespace = ?)`+tx.d.ForUpdate,
-		workerID, namespace, namespace).Scan(&single, &jobSeq)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("worker", workerID)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read single job: %w", err)
-	}
-	if !single {
-		return nil, nil
-	}
+// heldJob returns the *store.SingleJobError that refuses another job for
+// a single-job worker that has its job (jobSeq, its job's seq, 0 while it
+// has none delivered), or nil when it may take one. The caller holds the
+// worker's row lock.
+func heldJob(ctx context.Context, tx querier, workerID string, jobSeq int64) (*store.SingleJobError, error) {
 	query := `SELECT id, kind FROM commands WHERE worker_id = ? AND seq = ?`
 	args := []any{workerID, jobSeq}
 	if jobSeq == 0 {
@@ -509,7 +494,7 @@ func heldJob(ctx context.Context, tx querier, namespace, workerID string) (*stor
 		args = []any{workerID}
 	}
 	var cmdID, kind string
-	err = tx.QueryRow(ctx, query, args...).Scan(&cmdID, &kind)
+	err := tx.QueryRow(ctx, query, args...).Scan(&cmdID, &kind)
 	if errors.Is(err, sql.ErrNoRows) {
 		if jobSeq == 0 {
 			return nil, nil
