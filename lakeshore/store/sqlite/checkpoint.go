@@ -38,10 +38,10 @@ const restartFrames = 4096
 // newest frames behind. The log then grew without end (6 GB in six
 // minutes of back-to-back execs, and every page read slower as its index
 // grew). So when the log holds more than restartFrames frames after a
-// passive checkpoint, a second one runs on the writer's own connection, between two
-// write transactions: it moves the few frames the first left, and the
-// next transaction starts the log over. Only that second one holds the
-// writes up (its two fsyncs, well under a millisecond here).
+// passive checkpoint, a second one runs on the writer's own connection,
+// between two write transactions: it moves the few frames the first
+// left, and the next transaction starts the log over. Only that second
+// one holds the writes up (its two fsyncs, well under a millisecond here).
 //
 // kick is safe to call from any goroutine and never blocks; run is the
 // one goroutine that checkpoints, and stop ends it.
@@ -60,7 +60,6 @@ type checkpointer struct {
 	once     sync.Once
 	closeErr error
 	observe  func(frames, moved int) // checkpointTuning.observe
-
 }
 
 func newCheckpointer(db, writer *sql.DB, log zerolog.Logger, tune checkpointTuning) *checkpointer {
