@@ -105,19 +105,7 @@ func execRows(t *testing.T, rep *report, cp *harness.ControlPlane, label string,
 		t.Fatal(err)
 	}
 	w := cp.WaitForWorker(t, label)
-	one := func(i int) {
-		acc, first, err := client.SubmitExec(ctx, w.ID, operatorapi.ExecRequest{Command: "true"}, 20*time.Second)
-		if err != nil {
-			t.Fatalf("exec %d: %v", i, err)
-		}
-		for first == nil || first.State != operatorapi.ExecFinished {
-			e, err := client.GetExec(ctx, acc.ExecID, 20*time.Second, 0)
-			if err != nil {
-				t.Fatalf("get exec %d: %v", i, err)
-			}
-			first = &e
-		}
-	}
+	one := func(i int) { execTrue(ctx, t, client, w.ID, i) }
 	cpu := func() [4]time.Duration {
 		var c [4]time.Duration
 		var err error
@@ -162,4 +150,22 @@ func execRows(t *testing.T, rep *report, cp *harness.ControlPlane, label string,
 		rep.add("  CPU per exec: "+who, ms(spent[i]/n), "", 0, "", nil)
 	}
 	return execRT, perSec
+}
+
+// execTrue queues `true` on worker workerID and waits until it finished,
+// as `lakeshore daemon exec` does: one request that queues and waits, then
+// a wait on the exec for as long as that one ended early.
+func execTrue(ctx context.Context, t *testing.T, client *opclient.Client, workerID string, i int) {
+	t.Helper()
+	acc, first, err := client.SubmitExec(ctx, workerID, operatorapi.ExecRequest{Command: "true"}, 20*time.Second)
+	if err != nil {
+		t.Fatalf("exec %d: %v", i, err)
+	}
+	for first == nil || first.State != operatorapi.ExecFinished {
+		e, err := client.GetExec(ctx, acc.ExecID, 20*time.Second, 0)
+		if err != nil {
+			t.Fatalf("get exec %d: %v", i, err)
+		}
+		first = &e
+	}
 }
