@@ -33,13 +33,7 @@ func TestExecLoop(t *testing.T) {
 		}
 		secs = n
 	}
-	var cpEnv, nyEnv []string
-	if v := os.Getenv("BENCH_CP_ENV"); v != "" {
-		cpEnv = []string{v}
-	}
-	if v := os.Getenv("BENCH_NYMPH_ENV"); v != "" {
-		nyEnv = []string{v}
-	}
+	cpEnv, nyEnv := benchEnv()
 	cp := harness.StartControlPlane(t, harness.CPOptions{Env: cpEnv})
 	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "loop", Env: nyEnv})
 	client, err := opclient.New(cp.URL, cp.AdminToken, opclient.Options{})
@@ -47,23 +41,8 @@ func TestExecLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := cp.WaitForWorker(t, "loop")
-	pids := [3]int{cp.PID(), d.PID(), os.Getpid()}
-	t.Logf("pids: lakeshore serve %d, nymph %d, this process %d", pids[0], pids[1], pids[2])
-
-	// cpu is the CPU of the control plane, the daemon, the daemon's
-	// children and this process.
-	cpu := func() (c [4]time.Duration) {
-		var err error
-		if c[0], _, err = procCPU(pids[0]); err == nil {
-			if c[1], c[2], err = procCPU(pids[1]); err == nil {
-				c[3], _, err = procCPU(pids[2])
-			}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	t.Logf("pids: lakeshore serve %d, nymph %d, this process %d", cp.PID(), d.PID(), os.Getpid())
+	cpu := func() [4]time.Duration { return pathCPU(t, cp.PID(), d.PID()) }
 	ctx := context.Background()
 	end := time.Now().Add(time.Duration(secs) * time.Second)
 	const per = 1000

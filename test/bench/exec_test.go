@@ -23,17 +23,7 @@ func TestExecBench(t *testing.T) {
 	defer rep.print(os.Stdout)
 
 	base := baselines(t, rep)
-	// BENCH_CP_ENV and BENCH_NYMPH_ENV add one VAR=value to the control
-	// plane's and the daemon's environment, to compare runtime settings
-	// in one sitting (BENCH_CP_ENV=GOMAXPROCS=2: the control plane with
-	// every processor, as before --procs auto).
-	var cpEnv, nyEnv []string
-	if v := os.Getenv("BENCH_CP_ENV"); v != "" {
-		cpEnv = []string{v}
-	}
-	if v := os.Getenv("BENCH_NYMPH_ENV"); v != "" {
-		nyEnv = []string{v}
-	}
+	cpEnv, nyEnv := benchEnv()
 	cp := harness.StartControlPlane(t, harness.CPOptions{Env: cpEnv})
 	d := cp.StartDaemon(t, harness.DaemonOptions{Label: "bench", Env: nyEnv})
 	cliStartRows(t, rep, cp, base)
@@ -106,21 +96,7 @@ func execRows(t *testing.T, rep *report, cp *harness.ControlPlane, label string,
 	}
 	w := cp.WaitForWorker(t, label)
 	one := func(i int) { execTrue(ctx, t, client, w.ID, i) }
-	cpu := func() [4]time.Duration {
-		var c [4]time.Duration
-		var err error
-		c[0], _, err = procCPU(cp.PID())
-		if err == nil {
-			c[1], c[2], err = procCPU(daemonPID)
-		}
-		if err == nil {
-			c[3], _, err = procCPU(os.Getpid())
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	cpu := func() [4]time.Duration { return pathCPU(t, cp.PID(), daemonPID) }
 	const n, round, spawns = 1000, 50, 10
 	var execTime, spawnTime time.Duration
 	var spent [4]time.Duration
@@ -168,4 +144,35 @@ func execTrue(ctx context.Context, t *testing.T, client *opclient.Client, worker
 		}
 		first = &e
 	}
+}
+
+// benchEnv reads BENCH_CP_ENV and BENCH_NYMPH_ENV: one VAR=value each for
+// the control plane's and the daemon's environment, to compare runtime
+// settings in one sitting (BENCH_CP_ENV=GOMAXPROCS=2: the control plane
+// with every processor, as before --procs auto).
+func benchEnv() (cpEnv, nymphEnv []string) {
+	if v := os.Getenv("BENCH_CP_ENV"); v != "" {
+		cpEnv = []string{v}
+	}
+	if v := os.Getenv("BENCH_NYMPH_ENV"); v != "" {
+		nymphEnv = []string{v}
+	}
+	return cpEnv, nymphEnv
+}
+
+// pathCPU is the CPU spent so far by each process on the exec path: the
+// control plane, the daemon, the daemon's children and this process (the
+// operator client).
+func pathCPU(t *testing.T, cpPID, daemonPID int) (c [4]time.Duration) {
+	t.Helper()
+	var err error
+	if c[0], _, err = procCPU(cpPID); err == nil {
+		if c[1], c[2], err = procCPU(daemonPID); err == nil {
+			c[3], _, err = procCPU(os.Getpid())
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
