@@ -45,6 +45,7 @@ import (
 	"nymph/actors/metrics"
 	"nymph/actors/poller"
 	"nymph/actors/setupqueue"
+	"nymph/gopool"
 	"nymph/messages"
 	"nymph/runners"
 )
@@ -138,6 +139,10 @@ type Deps struct {
 	// given the same count (OTA downloads, key rotations). Default: a
 	// count of the tree's own.
 	Jobs *sync.WaitGroup
+	// Goroutines runs the tree's short-lived goroutines (mailbox runs,
+	// polls, jobs) on goroutines used again (package gopool). Default: a
+	// pool of the tree's own, closed by Wait.
+	Goroutines *gopool.Pool
 }
 
 // Option adds to the tree.
@@ -202,6 +207,9 @@ type Daemon struct {
 	invocationsDeps *invocations.Deps
 	writerDeps      *metrics.WriterDeps
 
+	// ownPool: deps.Goroutines was made by New, and Wait closes it.
+	ownPool bool
+
 	mu      sync.Mutex
 	rootPID *actor.PID
 	kids    map[string]*actor.PID
@@ -247,11 +255,17 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 	if d.Jobs == nil {
 		d.Jobs = new(sync.WaitGroup)
 	}
-	var o options
+	ownPool := d.Goroutines == nil
+	if ownPool {
+		d.Goroutines = gopool.New(idleGoroutines)
+	}
+	// Every actor of the tree runs its mailbox on the pool: the default
+	// dispatcher starts a goroutine per burst of messages.
+	o := options{propsOpts: []actor.PropsOption{actor.WithDispatcher(poolDispatcher{d.Goroutines})}}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	dm := &Daemon{settings: s, deps: d, opts: o, log: d.Log, done: make(chan struct{})}
+	dm := &Daemon{settings: s, deps: d, opts: o, log: d.Log, done: make(chan struct{}), ownPool: ownPool}
 	dm.ledger = ledger.New(d.Now)
 	dm.fifo = setupqueue.NewFIFO()
 	dm.state = poller.NewState(s.RetryMin, s.RetryMax, d.Rand, d.Now())
@@ -281,7 +295,7 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 
 	dm.pollerDeps = &poller.Deps{
 		Settings: s.Poll, Server: d.Server, State: dm.state, Ledger: dm.ledger, Setups: dm.fifo, Metrics: dm.rec,
-		Log: d.Log.With().Str("actor", PollerName).Logger(), Now: d.Now, PropsOptions: o.propsOpts,
+		Log: d.Log.With().Str("actor", PollerName).Logger(), Now: d.Now, PropsOptions: o.propsOpts, Go: d.Goroutines.Go,
 	}
 	dm.setupDeps = &setupqueue.Deps{
 		FIFO: dm.fifo, Runner: d.Runners["process"], Workdir: s.Workdir, Reprobe: d.Reprobe, Sink: dm.state,
@@ -290,7 +304,7 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 	}
 	wiring := func(name string) jobparent.Wiring {
 		return jobparent.Wiring{Ledger: dm.ledger, Journal: d.Journal, Log: d.Log.With().Str("actor", name).Logger(), Jobs: d.Jobs,
-			PropsOptions: o.propsOpts, Finished: dm.system.NewLocalPID(RootName)}
+			PropsOptions: o.propsOpts, Finished: dm.system.NewLocalPID(RootName), Go: d.Goroutines.Go}
 	}
 	dm.execDeps = &execs.Deps{
 		Wiring: wiring(ExecsName),
@@ -368,6 +382,9 @@ func (d *Daemon) Wait(ctx context.Context) error {
 		return ctx.Err()
 	}
 	d.system.Shutdown()
+	if d.ownPool {
+		d.deps.Goroutines.Close()
+	}
 	return d.Err()
 }
 

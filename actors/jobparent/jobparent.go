@@ -83,6 +83,8 @@ type Wiring struct {
 	Jobs *sync.WaitGroup
 	// PropsOptions are added to the parent and to every child.
 	PropsOptions []actor.PropsOption
+	// Go runs a job's goroutine (default: a goroutine of its own).
+	Go func(fn func())
 	// Finished receives the end of every reported job: the daemon's root,
 	// which outlives every incarnation of a parent (a respawned parent has
 	// a new name, so a notice sent to the old one would be lost) and passes
@@ -232,12 +234,12 @@ func (c *child) Receive(ctx actor.Context) {
 		c.abort = abort
 		sys := ctx.ActorSystem()
 		c.k.Jobs.Add(1)
-		go func() {
+		c.k.goroutine(func() {
 			defer c.k.Jobs.Done()
 			defer abort(context.Canceled, false)
 			c.k.journal(e)
 			c.k.Run(jobCtx, sys, e)
-		}()
+		})
 	case *messages.Abort:
 		c.stop(m.Reason, m.Hard)
 	case *actor.Stopping:
@@ -245,6 +247,15 @@ func (c *child) Receive(ctx actor.Context) {
 	case *actor.Restarting:
 		c.stop(c.k.Noun+" actor restarted after a crash", true)
 	}
+}
+
+// goroutine runs fn through Wiring.Go.
+func (w *Wiring) goroutine(fn func()) {
+	if w.Go == nil {
+		go fn()
+		return
+	}
+	w.Go(fn)
 }
 
 // journal records e before it runs. A job that cannot be journalled (a

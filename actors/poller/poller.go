@@ -105,6 +105,8 @@ type Deps struct {
 	Now func() time.Time
 	// PropsOptions are added to the actor's props.
 	PropsOptions []actor.PropsOption
+	// Go runs a poll's goroutine (default: a goroutine of its own).
+	Go func(fn func())
 }
 
 // Props returns the props of the poller.
@@ -400,11 +402,11 @@ func (p *poller) startPoll(ctx actor.Context, watch bool) {
 	rctx, cancel := context.WithTimeout(context.Background(), p.d.RequestTimeout)
 	p.inflight, p.cancelReq, p.pollingNow, p.watching = seq, cancel, true, watch
 	sys, self, server := ctx.ActorSystem(), ctx.Self(), p.d.Server
-	go func() {
+	p.d.goroutine(func() {
 		defer cancel()
 		resp, err := server.Poll(rctx, req)
 		sys.Root.Send(self, &pollDone{seq: seq, resp: resp, err: err, capsVersion: version})
-	}()
+	})
 }
 
 func (p *poller) pollDone(ctx actor.Context, m *pollDone) {
@@ -643,4 +645,13 @@ func latest(ts ...time.Time) time.Time {
 		}
 	}
 	return out
+}
+
+// goroutine runs fn through Deps.Go.
+func (d *Deps) goroutine(fn func()) {
+	if d.Go == nil {
+		go fn()
+		return
+	}
+	d.Go(fn)
 }

@@ -30,6 +30,7 @@ import (
 	"nymph/daemon/outbox"
 	"nymph/daemon/uplink"
 	"nymph/daemon/workdirlock"
+	"nymph/gopool"
 	"nymph/identity"
 	"nymph/messages"
 	"nymph/runners"
@@ -43,6 +44,11 @@ const outboxFlush = 10 * time.Second
 // recoveredFlush bounds the wait at start for the outcomes of the jobs a
 // dead process left to be posted.
 const recoveredFlush = 10 * time.Second
+
+// idleGoroutines is how many idle goroutines the daemon's pool keeps:
+// enough for the mailbox runs, the poll, the jobs and the deliveries of a
+// busy moment.
+const idleGoroutines = 32
 
 func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	cfg, err := config.Load(configPath)
@@ -137,7 +143,11 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
 	}
-	box, err := outbox.Open(filepath.Join(cfg.Runtime.Workdir, "outbox"), client, log)
+	// One pool of goroutines for the actor tree and the result deliveries
+	// (package gopool); it outlives both.
+	pool := gopool.New(idleGoroutines)
+	defer pool.Close()
+	box, err := outbox.Open(filepath.Join(cfg.Runtime.Workdir, "outbox"), client, log, outbox.WithGo(pool.Go))
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}
@@ -204,7 +214,7 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	keysOpt := keysChild(holder, client, cfg, func() string { return state.WorkerID() }, jobs, log)
 	d, err := actors.New(settings, actors.Deps{
 		Server: loggingServer{Client: client, log: log}, Results: box, Journal: box, Backlog: box, Runners: registry, Reprobe: reprobe, Log: log,
-		Jobs: jobs,
+		Jobs: jobs, Goroutines: pool,
 	}, actors.WithChild(ota.Name, ota.Props(otaDeps), messages.KindOtaUpdate), keysOpt)
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}

@@ -86,6 +86,8 @@ type Outbox struct {
 	closed bool
 	// jr is the job journal.
 	jr *journal
+	// goFn, when set, runs each delivery (WithGo).
+	goFn func(fn func())
 }
 
 // Option configures an Outbox.
@@ -99,6 +101,12 @@ func WithBackoff(min, max time.Duration) Option {
 // WithConcurrency bounds simultaneous posts (default 8).
 func WithConcurrency(n int) Option {
 	return func(o *Outbox) { o.sem = make(chan struct{}, max(n, 1)) }
+}
+
+// WithGo runs each delivery through run (a goroutine pool's Go) rather
+// than on a goroutine of its own.
+func WithGo(run func(fn func())) Option {
+	return func(o *Outbox) { o.goFn = run }
 }
 
 // WithRand replaces the jitter source (a uniform value in [0,1)).
@@ -307,6 +315,10 @@ func (o *Outbox) start(rec record, file string) {
 	o.pending++
 	o.mu.Unlock()
 	o.wg.Add(1)
+	if o.goFn != nil {
+		o.goFn(func() { o.deliver(rec, file) })
+		return
+	}
 	go o.deliver(rec, file)
 }
 

@@ -74,7 +74,7 @@ const ourModule = "nymph"
 
 var rules = []rule{
 	{[]string{"nymph/messages"}, []string{ourModule}, "the vocabulary imports nothing of ours"},
-	{[]string{"nymph/buildinfo", "nymph/backoff", "nymph/atomicfile", "nymph/batch", "nymph/timerslack"}, []string{ourModule}, "buildinfo, backoff, atomicfile, batch and timerslack are leaves both sides use"},
+	{[]string{"nymph/buildinfo", "nymph/backoff", "nymph/atomicfile", "nymph/batch", "nymph/timerslack", "nymph/gopool"}, []string{ourModule}, "buildinfo, backoff, atomicfile, batch, timerslack and gopool are leaves both sides use"},
 	{[]string{"nymph/config"}, []string{"nymph/actors", "nymph/daemon", "nymph/runners", "nymph/lakeshore", "nymph/identity", "nymph/dist"}, "config knows only the vocabulary"},
 	{[]string{"nymph/dist"}, []string{"nymph/actors", "nymph/daemon", "nymph/runners", "nymph/lakeshore", "nymph/identity", "nymph/config"}, "dist is neutral: both sides use it"},
 	{[]string{"nymph/identity"}, []string{"nymph/actors", "nymph/daemon", "nymph/runners", "nymph/lakeshore"}, "identity is shared by both sides"},
