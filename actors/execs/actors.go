@@ -15,6 +15,7 @@ package execs
 
 import (
 	"context"
+	"runtime"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -102,13 +103,18 @@ func (d *Deps) report(sys *actor.ActorSystem, id string, res *messages.ExecResul
 	if d.Metrics != nil {
 		d.Metrics.ExecFinished(outcome)
 	}
+	if err := d.Results.ExecResult(id, res); err != nil {
+		d.Log.Error().Err(err).Str("exec_id", id).Msg("exec result not stored")
+	}
+	// The result's delivery, just started, is what the operator waits
+	// for; this log line and the wake of the root can follow it. The
+	// daemon runs on one processor ([runtime] max_procs), where the
+	// delivery otherwise waited for this goroutine to block.
+	runtime.Gosched()
 	ev := d.Log.Info().Str("exec_id", id).Int32("exit_code", res.ExitCode).Uint64("duration_ms", res.DurationMs)
 	if res.Error != nil {
 		ev = ev.Str("error", *res.Error)
 	}
 	ev.Msg("exec finished")
-	if err := d.Results.ExecResult(id, res); err != nil {
-		d.Log.Error().Err(err).Str("exec_id", id).Msg("exec result not stored")
-	}
 	sys.Root.Send(d.Finished, &messages.ExecFinished{ExecID: id})
 }

@@ -57,6 +57,36 @@ type Shell struct {
 	// of every spawn, measured), and again when a start finds it gone.
 	bashMu sync.Mutex
 	bash   string
+
+	// env is BaseEnv merged once (keys unique, sorted): merging it again
+	// for every exec was a map of the daemon's whole environment built
+	// in front of each spawn. An exec's own env is laid over this copy.
+	envOnce sync.Once
+	env     []string
+
+	// devNull is the stdin of every exec that has none, opened once: an
+	// open (and a close) of /dev/null in front of each spawn cost about
+	// as much as merging the environment. Every child reads the same end
+	// of file from it; nil when it could not be opened, and each exec
+	// then opens its own.
+	nullOnce sync.Once
+	devNull  *os.File
+}
+
+// baseEnv is BaseEnv merged; callers must not change it.
+func (s *Shell) baseEnv() []string {
+	s.envOnce.Do(func() { s.env = mergeEnv(s.BaseEnv, nil) })
+	return s.env
+}
+
+// nullInput is the shared /dev/null, nil if it cannot be opened.
+func (s *Shell) nullInput() *os.File {
+	s.nullOnce.Do(func() {
+		if f, err := os.Open(os.DevNull); err == nil {
+			s.devNull = f
+		}
+	})
+	return s.devNull
 }
 
 // bashPath returns bash's path, looking it up if it is not known ("" when
@@ -113,7 +143,10 @@ func (s *Shell) run(ctx context.Context, e *messages.Exec, onStart func()) (_ *m
 	if ctx.Err() != nil {
 		return fail(reason(ctx)), OutcomeKilled
 	}
-	env := mergeEnv(s.BaseEnv, e.Env)
+	env := s.baseEnv()
+	if len(e.Env) > 0 {
+		env = mergeEnv(env, e.Env)
+	}
 	if e.PayloadInline != nil || e.PayloadRef != nil {
 		path, cleanup, err := s.materialise(ctx, e)
 		if err != nil {
@@ -144,6 +177,8 @@ func (s *Shell) run(ctx context.Context, e *messages.Exec, onStart func()) (_ *m
 	// once) rather than a pipe that a goroutine of its own would close.
 	if e.Stdin != "" {
 		cmd.Input = strings.NewReader(e.Stdin)
+	} else if null := s.nullInput(); null != nil {
+		cmd.Input = null
 	}
 	// A timeout too large for a Duration (about 292 years) is no timeout.
 	if e.TimeoutS != nil && *e.TimeoutS > 0 && *e.TimeoutS < float64(math.MaxInt64/int64(time.Second)) {

@@ -341,6 +341,28 @@ func TestNoStdinReadsEndOfFile(t *testing.T) {
 	}
 }
 
+// One Shell runs many execs on what it keeps between them (the merged
+// environment, the stdin of those without one): each exec's env stays its
+// own, and every exec without stdin reads end of file, however many ran
+// before it, with or without a stdin of their own.
+func TestExecsShareNothingThatLeaks(t *testing.T) {
+	s := newShell(t, nil)
+	for i, e := range []messages.Exec{
+		{Command: `echo "$FOO ${EXTRA-unset}"; wc -c`, Env: map[string]string{"FOO": "over", "EXTRA": "x"}},
+		{Command: `echo "$FOO ${EXTRA-unset}"; wc -c`},
+		{Command: `echo "$FOO ${EXTRA-unset}"; wc -c`, Stdin: "abc"},
+		{Command: `echo "$FOO ${EXTRA-unset}"; wc -c`},
+	} {
+		// wc pads its count on some systems: compare words.
+		want := []string{"over x 0", "base unset 0", "base unset 3", "base unset 0"}[i]
+		e.ExecID = fmt.Sprintf("e%d", i)
+		r := run(s, e)
+		if got := strings.Join(strings.Fields(r.Stdout), " "); r.ExitCode != 0 || got != want {
+			t.Fatalf("exec %d: result %+v (error %s), want stdout %q", i, r, errString(r), want)
+		}
+	}
+}
+
 // Each way an exec ends has its outcome for the metrics, the -1s told
 // apart: a kill (a signal, an abort) is not a failure to run.
 func TestOutcomes(t *testing.T) {

@@ -73,7 +73,8 @@ type Command struct {
 	// otherwise stdin is /dev/null.
 	Stdin string
 	// Input, when non-nil, takes the place of Stdin: it is piped to the
-	// child, whose stdin is closed at its end.
+	// child, whose stdin is closed at its end. An *os.File is the child's
+	// stdin itself (os/exec hands it over): Run does not close it.
 	Input io.Reader
 	// Output, when non-nil, receives stdout and stderr as they arrive; it
 	// must be safe for concurrent use.
