@@ -104,3 +104,49 @@ func TestGroupCommitSharesTransactionsAndIsolatesFailures(t *testing.T) {
 		t.Errorf("%d queued writers took %d transactions, want them shared (at most %d)", n, commits, (n+groupMax-1)/groupMax+1)
 	}
 }
+
+// A writer alone in its transaction runs its statements detached from its
+// context (no driver goroutine per statement), yet a caller that goes away
+// midway still has its work stopped at the next statement and rolled back,
+// and the writer stays usable.
+func TestGroupCommitAloneCallerGoneMidwayRollsBack(t *testing.T) {
+	ctx := context.Background()
+	db, _ := openCounting(t, 2)
+	db.d.GroupCommit = true
+	db.group = newGroupCommit(db)
+
+	gone, cancelGone := context.WithCancel(ctx)
+	err := db.tx(gone, func(q querier) error {
+		if _, err := q.Exec(gone, `INSERT INTO t VALUES ('midway', 1)`); err != nil {
+			return err
+		}
+		cancelGone()
+		_, err := q.Exec(gone, `INSERT INTO t VALUES ('after', 2)`)
+		return err
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("the gone caller's write: %v, want context.Canceled", err)
+	}
+	if err := db.tx(ctx, func(q querier) error {
+		_, err := q.Exec(ctx, `INSERT INTO t VALUES ('next', 3)`)
+		return err
+	}); err != nil {
+		t.Fatalf("the next write: %v", err)
+	}
+	var keys []string
+	rs, err := db.reader().Query(ctx, `SELECT k FROM t WHERE k IN ('midway', 'after', 'next') ORDER BY k`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var k string
+		if err := rs.Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	if fmt.Sprint(keys) != "[next]" {
+		t.Fatalf("rows %v, want only the next write's", keys)
+	}
+}

@@ -220,6 +220,16 @@ func (db *DB) tryTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	}
 	tctx, cancel := db.d.statementContext(ctx)
 	defer cancel()
+	if db.group != nil && pool == db.w {
+		// The one writer's statements run to their end, as those of a
+		// shared transaction do (groupCommit.shared); a caller gone away
+		// still stops its work at the next statement and rolls it back
+		// before the commit (ctx is checked at each). A statement on a
+		// context that can end costs the SQLite driver a goroutine, and
+		// database/sql one more for each query's rows: 19 goroutines per
+		// back-to-back exec, on its path.
+		tctx = context.WithoutCancel(tctx)
+	}
 	if db.d.RunTx != nil {
 		err := db.d.RunTx(tctx, opts, func(tx Tx) error {
 			if err := fn(querier{c: tx, d: db.d, tctx: tctx, hook: db.hook}); err != nil {
