@@ -67,8 +67,9 @@ type Shell struct {
 	// devNull is the stdin of every exec that has none, opened once: an
 	// open (and a close) of /dev/null in front of each spawn cost about
 	// as much as merging the environment. Every child reads the same end
-	// of file from it; nil when it could not be opened, and each exec
-	// then opens its own.
+	// of file from it; it stays open as long as the Shell is used (the
+	// daemon's life). Nil when it could not be opened: each exec then
+	// opens its own.
 	nullOnce sync.Once
 	devNull  *os.File
 }

@@ -226,8 +226,9 @@ func (db *DB) tryTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 		// still stops its work at the next statement and rolls it back
 		// before the commit (ctx is checked at each). A statement on a
 		// context that can end costs the SQLite driver a goroutine, and
-		// database/sql one more for each query's rows: 19 goroutines per
-		// back-to-back exec, on its path.
+		// database/sql one more for each query's rows: 16 of the 19
+		// goroutines a back-to-back exec started on the control plane
+		// (3 transactions), on its path.
 		tctx = context.WithoutCancel(tctx)
 	}
 	if db.d.RunTx != nil {
