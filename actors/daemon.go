@@ -257,7 +257,7 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 	}
 	ownPool := d.Goroutines == nil
 	if ownPool {
-		d.Goroutines = gopool.New(idleGoroutines)
+		d.Goroutines = gopool.New(IdleGoroutines)
 	}
 	// Every actor of the tree runs its mailbox on the pool: the default
 	// dispatcher starts a goroutine per burst of messages.
@@ -295,7 +295,7 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 
 	dm.pollerDeps = &poller.Deps{
 		Settings: s.Poll, Server: d.Server, State: dm.state, Ledger: dm.ledger, Setups: dm.fifo, Metrics: dm.rec,
-		Log: d.Log.With().Str("actor", PollerName).Logger(), Now: d.Now, PropsOptions: o.propsOpts, Go: d.Goroutines.Go,
+		Log: d.Log.With().Str("actor", PollerName).Logger(), Now: d.Now, PropsOptions: o.propsOpts, Goroutines: d.Goroutines,
 	}
 	dm.setupDeps = &setupqueue.Deps{
 		FIFO: dm.fifo, Runner: d.Runners["process"], Workdir: s.Workdir, Reprobe: d.Reprobe, Sink: dm.state,
@@ -304,7 +304,7 @@ func New(s Settings, d Deps, opts ...Option) (*Daemon, error) {
 	}
 	wiring := func(name string) jobparent.Wiring {
 		return jobparent.Wiring{Ledger: dm.ledger, Journal: d.Journal, Log: d.Log.With().Str("actor", name).Logger(), Jobs: d.Jobs,
-			PropsOptions: o.propsOpts, Finished: dm.system.NewLocalPID(RootName), Go: d.Goroutines.Go}
+			PropsOptions: o.propsOpts, Finished: dm.system.NewLocalPID(RootName), Goroutines: d.Goroutines}
 	}
 	dm.execDeps = &execs.Deps{
 		Wiring: wiring(ExecsName),

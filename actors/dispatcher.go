@@ -2,9 +2,10 @@ package actors
 
 import "nymph/gopool"
 
-// idleGoroutines is how many idle goroutines the tree's pool keeps: enough
-// for the mailbox runs, the poll and the jobs of a busy moment.
-const idleGoroutines = 32
+// IdleGoroutines is how many idle goroutines the daemon's pool keeps:
+// enough for the mailbox runs, the poll, the jobs and the result
+// deliveries of a busy moment.
+const IdleGoroutines = 32
 
 // mailboxThroughput is how many messages a mailbox run takes before it
 // lets others go (protoactor's default).

@@ -41,9 +41,13 @@ func New(maxIdle int) *Pool {
 }
 
 // Go runs fn on a goroutine of the pool, or on a new one, and returns
-// without waiting for it. After Close it runs fn on a goroutine of its own,
-// which the pool does not keep.
+// without waiting for it. After Close, or on a nil Pool (a caller given no
+// pool), it runs fn on a goroutine of its own, which no pool keeps.
 func (p *Pool) Go(fn func()) {
+	if p == nil {
+		go fn()
+		return
+	}
 	p.mu.Lock()
 	if n := len(p.idle); n > 0 {
 		w := p.idle[n-1]

@@ -111,3 +111,12 @@ func BenchmarkGo(b *testing.B) {
 		run(b, p.Go)
 	})
 }
+
+// A nil Pool, what a caller given none holds, runs fn on a goroutine of
+// its own.
+func TestNilPoolRunsOnAGoroutineOfItsOwn(t *testing.T) {
+	var p *Pool
+	done := make(chan struct{})
+	p.Go(func() { close(done) })
+	<-done
+}

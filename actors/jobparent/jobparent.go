@@ -30,6 +30,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors/ledger"
+	"nymph/gopool"
 	"nymph/messages"
 	"nymph/runners/procgroup"
 )
@@ -83,8 +84,8 @@ type Wiring struct {
 	Jobs *sync.WaitGroup
 	// PropsOptions are added to the parent and to every child.
 	PropsOptions []actor.PropsOption
-	// Go runs a job's goroutine (default: a goroutine of its own).
-	Go func(fn func())
+	// Goroutines runs each job's goroutine (nil: a goroutine of its own).
+	Goroutines *gopool.Pool
 	// Finished receives the end of every reported job: the daemon's root,
 	// which outlives every incarnation of a parent (a respawned parent has
 	// a new name, so a notice sent to the old one would be lost) and passes
@@ -234,7 +235,7 @@ func (c *child) Receive(ctx actor.Context) {
 		c.abort = abort
 		sys := ctx.ActorSystem()
 		c.k.Jobs.Add(1)
-		c.k.goroutine(func() {
+		c.k.Goroutines.Go(func() {
 			defer c.k.Jobs.Done()
 			defer abort(context.Canceled, false)
 			c.k.journal(e)
@@ -247,15 +248,6 @@ func (c *child) Receive(ctx actor.Context) {
 	case *actor.Restarting:
 		c.stop(c.k.Noun+" actor restarted after a crash", true)
 	}
-}
-
-// goroutine runs fn through Wiring.Go.
-func (w *Wiring) goroutine(fn func()) {
-	if w.Go == nil {
-		go fn()
-		return
-	}
-	w.Go(fn)
 }
 
 // journal records e before it runs. A job that cannot be journalled (a

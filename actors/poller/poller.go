@@ -41,6 +41,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"nymph/actors/ledger"
+	"nymph/gopool"
 	"nymph/messages"
 )
 
@@ -105,8 +106,8 @@ type Deps struct {
 	Now func() time.Time
 	// PropsOptions are added to the actor's props.
 	PropsOptions []actor.PropsOption
-	// Go runs a poll's goroutine (default: a goroutine of its own).
-	Go func(fn func())
+	// Goroutines runs each poll's goroutine (nil: a goroutine of its own).
+	Goroutines *gopool.Pool
 }
 
 // Props returns the props of the poller.
@@ -402,7 +403,7 @@ func (p *poller) startPoll(ctx actor.Context, watch bool) {
 	rctx, cancel := context.WithTimeout(context.Background(), p.d.RequestTimeout)
 	p.inflight, p.cancelReq, p.pollingNow, p.watching = seq, cancel, true, watch
 	sys, self, server := ctx.ActorSystem(), ctx.Self(), p.d.Server
-	p.d.goroutine(func() {
+	p.d.Goroutines.Go(func() {
 		defer cancel()
 		resp, err := server.Poll(rctx, req)
 		sys.Root.Send(self, &pollDone{seq: seq, resp: resp, err: err, capsVersion: version})
@@ -645,13 +646,4 @@ func latest(ts ...time.Time) time.Time {
 		}
 	}
 	return out
-}
-
-// goroutine runs fn through Deps.Go.
-func (d *Deps) goroutine(fn func()) {
-	if d.Go == nil {
-		go fn()
-		return
-	}
-	d.Go(fn)
 }

@@ -45,11 +45,6 @@ const outboxFlush = 10 * time.Second
 // dead process left to be posted.
 const recoveredFlush = 10 * time.Second
 
-// idleGoroutines is how many idle goroutines the daemon's pool keeps:
-// enough for the mailbox runs, the poll, the jobs and the deliveries of a
-// busy moment.
-const idleGoroutines = 32
-
 func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	cfg, err := config.Load(configPath)
 	if err != nil {
@@ -145,9 +140,9 @@ func runDaemon(ctx context.Context, configPath, queueFlag string) error {
 	}
 	// One pool of goroutines for the actor tree and the result deliveries
 	// (package gopool); it outlives both.
-	pool := gopool.New(idleGoroutines)
+	pool := gopool.New(actors.IdleGoroutines)
 	defer pool.Close()
-	box, err := outbox.Open(filepath.Join(cfg.Runtime.Workdir, "outbox"), client, log, outbox.WithGo(pool.Go))
+	box, err := outbox.Open(filepath.Join(cfg.Runtime.Workdir, "outbox"), client, log, outbox.WithGoroutines(pool))
 	if err != nil {
 		return &exitError{code: exitFailed, err: err}
 	}

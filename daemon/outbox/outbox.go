@@ -45,6 +45,7 @@ import (
 	"nymph/atomicfile"
 	"nymph/backoff"
 	"nymph/daemon/uplink"
+	"nymph/gopool"
 	"nymph/messages"
 )
 
@@ -86,8 +87,8 @@ type Outbox struct {
 	closed bool
 	// jr is the job journal.
 	jr *journal
-	// goFn, when set, runs each delivery (WithGo).
-	goFn func(fn func())
+	// pool runs each delivery (WithGoroutines; nil: a goroutine each).
+	pool *gopool.Pool
 }
 
 // Option configures an Outbox.
@@ -103,10 +104,10 @@ func WithConcurrency(n int) Option {
 	return func(o *Outbox) { o.sem = make(chan struct{}, max(n, 1)) }
 }
 
-// WithGo runs each delivery through run (a goroutine pool's Go) rather
-// than on a goroutine of its own.
-func WithGo(run func(fn func())) Option {
-	return func(o *Outbox) { o.goFn = run }
+// WithGoroutines runs each delivery on a goroutine of pool rather than on
+// a goroutine of its own.
+func WithGoroutines(pool *gopool.Pool) Option {
+	return func(o *Outbox) { o.pool = pool }
 }
 
 // WithRand replaces the jitter source (a uniform value in [0,1)).
@@ -315,11 +316,7 @@ func (o *Outbox) start(rec record, file string) {
 	o.pending++
 	o.mu.Unlock()
 	o.wg.Add(1)
-	if o.goFn != nil {
-		o.goFn(func() { o.deliver(rec, file) })
-		return
-	}
-	go o.deliver(rec, file)
+	o.pool.Go(func() { o.deliver(rec, file) })
 }
 
 // deliver posts one result until it is accepted, refused for good, or the

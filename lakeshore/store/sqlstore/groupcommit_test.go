@@ -133,20 +133,12 @@ func TestGroupCommitAloneCallerGoneMidwayRollsBack(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("the next write: %v", err)
 	}
-	var keys []string
-	rs, err := db.reader().Query(ctx, `SELECT k FROM t WHERE k IN ('midway', 'after', 'next') ORDER BY k`)
-	if err != nil {
+	var keys string
+	if err := db.reader().QueryRow(ctx, `SELECT COALESCE(group_concat(k, ' '), '') FROM
+		(SELECT k FROM t WHERE k IN ('midway', 'after', 'next') ORDER BY k)`).Scan(&keys); err != nil {
 		t.Fatal(err)
 	}
-	defer rs.Close()
-	for rs.Next() {
-		var k string
-		if err := rs.Scan(&k); err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, k)
-	}
-	if fmt.Sprint(keys) != "[next]" {
-		t.Fatalf("rows %v, want only the next write's", keys)
+	if keys != "next" {
+		t.Fatalf("rows %q, want only the next write's", keys)
 	}
 }
