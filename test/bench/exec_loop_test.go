@@ -5,6 +5,7 @@ package bench
 import (
 	"context"
 	"os"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -41,6 +42,8 @@ func TestExecLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := cp.WaitForWorker(t, "loop")
+	// As the CLI runs, and as TestExecBench's back-to-back turns do.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	t.Logf("pids: lakeshore serve %d, nymph %d, this process %d", cp.PID(), d.PID(), os.Getpid())
 	cpu := func() [4]time.Duration { return pathCPU(t, cp.PID(), d.PID()) }
 	ctx := context.Background()

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -95,6 +96,10 @@ func execRows(t *testing.T, rep *report, cp *harness.ControlPlane, label string,
 		t.Fatal(err)
 	}
 	w := cp.WaitForWorker(t, label)
+	// This process is the operator client here, and runs as the CLI does
+	// (cmd/lakeshore: one processor); the spawns it is compared with run
+	// in the same setting, in turns with the execs.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	one := func(i int) { execTrue(ctx, t, client, w.ID, i) }
 	cpu := func() [4]time.Duration { return pathCPU(t, cp.PID(), daemonPID) }
 	const n, round, spawns = 1000, 50, 10
