@@ -184,10 +184,17 @@ func execRunning(state string) error {
 	return fmt.Errorf("exec in unknown state %q", state)
 }
 
+// unfinishedExecStates is the states of an exec not finished, as the SQL
+// literal that the partial index execs_unfinished (migration 0015) is
+// defined with: a query that names them so, and not as parameters, lets
+// the planner prove that its rows are all in that index.
+const unfinishedExecStates = `('` + operatorapi.ExecQueued + `', '` + operatorapi.ExecRunning + `')`
+
+const openExecsQuery = `SELECT worker_id, COUNT(*) FROM execs WHERE namespace = ? AND state IN ` + unfinishedExecStates + ` GROUP BY worker_id`
+
 // OpenExecs implements store.Execs.
 func (db *DB) OpenExecs(ctx context.Context, namespace string) (map[string]int, error) {
-	rows, err := db.reader().Query(ctx, `SELECT worker_id, COUNT(*) FROM execs WHERE namespace = ? AND state IN (?, ?) GROUP BY worker_id`,
-		namespace, operatorapi.ExecQueued, operatorapi.ExecRunning)
+	rows, err := db.reader().Query(ctx, openExecsQuery, namespace)
 	if err != nil {
 		return nil, fmt.Errorf("count open execs: %w", err)
 	}
@@ -209,20 +216,21 @@ func (db *DB) OpenExecs(ctx context.Context, namespace string) (map[string]int, 
 	return out, nil
 }
 
+const lostExecsQuery = `SELECT id, namespace, worker_id, label, state, reason FROM (
+		SELECT e.id, e.namespace, e.worker_id, COALESCE(w.label, '') AS label, e.state, e.created_at,
+			CASE WHEN w.id IS NULL THEN ? WHEN w.state = ? THEN ?
+				WHEN e.state = ? AND ` + restartedCond + ` THEN ? WHEN e.state = ? AND ` + staleCond + ` THEN ? ELSE '' END AS reason
+		FROM execs e LEFT JOIN workers w ON w.id = e.worker_id LEFT JOIN commands c ON c.id = e.command_id
+		WHERE e.state IN ` + unfinishedExecStates + `) x
+		WHERE reason <> '' ORDER BY created_at, id`
+
 // LostExecs implements store.Execs. A queued exec is lost only with its
 // worker's row or state: its command is still queued for a worker that is
 // merely stale or restarted, and goes out when it polls.
 func (db *DB) LostExecs(ctx context.Context, staleBefore time.Time) ([]store.LostExec, error) {
-	rows, err := db.reader().Query(ctx, `SELECT id, namespace, worker_id, label, state, reason FROM (
-		SELECT e.id, e.namespace, e.worker_id, COALESCE(w.label, '') AS label, e.state, e.created_at,
-			CASE WHEN w.id IS NULL THEN ? WHEN w.state = ? THEN ?
-				WHEN e.state = ? AND `+restartedCond+` THEN ? WHEN e.state = ? AND `+staleCond+` THEN ? ELSE '' END AS reason
-		FROM execs e LEFT JOIN workers w ON w.id = e.worker_id LEFT JOIN commands c ON c.id = e.command_id
-		WHERE e.state IN (?, ?)) x
-		WHERE reason <> '' ORDER BY created_at, id`,
+	rows, err := db.reader().Query(ctx, lostExecsQuery,
 		store.LostRemoved, operatorapi.StateGone, store.LostGone,
-		operatorapi.ExecRunning, store.LostRestarted, operatorapi.ExecRunning, ms(staleBefore), ms(staleBefore), store.LostStale,
-		operatorapi.ExecQueued, operatorapi.ExecRunning)
+		operatorapi.ExecRunning, store.LostRestarted, operatorapi.ExecRunning, ms(staleBefore), ms(staleBefore), store.LostStale)
 	if err != nil {
 		return nil, fmt.Errorf("find lost execs: %w", err)
 	}
