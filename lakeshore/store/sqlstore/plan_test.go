@@ -15,7 +15,7 @@ import (
 // (migration 0015), not the table: the index holds only what is still
 // queued or running, while the table keeps every exec ever run. Were a
 // state passed as a parameter, the planner could not prove the rows fall
-// within the index and would scan the table.
+// within the index and would read another index or the table.
 func TestOpenExecQueriesReadTheUnfinishedIndex(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "s.db")
@@ -29,14 +29,12 @@ func TestOpenExecQueriesReadTheUnfinishedIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { raw.Close() })
-	for _, q := range []struct {
-		name, sql string
-		args      int
-	}{
-		{"OpenExecs", sqlstore.OpenExecsQuery, 1},
-		{"LostExecs", sqlstore.LostExecsQuery, 9},
+	for _, q := range []struct{ name, sql string }{
+		{"OpenExecs", sqlstore.OpenExecsQuery},
+		{"LostExecs", sqlstore.LostExecsQuery},
 	} {
-		args := make([]any, q.args)
+		// The plan does not depend on the values bound.
+		args := make([]any, strings.Count(q.sql, "?"))
 		for i := range args {
 			args[i] = "x"
 		}
