@@ -35,9 +35,16 @@ type caches struct {
 
 	mu sync.Mutex
 	// epoch counts the drops: a row read from the store is cached only if
-	// no drop came between the read and the put (the drop may be of that
-	// very row, changed after it was read).
-	epoch uint64
+	// no drop of that row came between the read and the put (the row may
+	// have changed after it was read). dropped holds the epoch of each
+	// row's last drop, by announcement key; floor is the epoch of the
+	// last drop of everything (clear, or dropped grown too large). Drops
+	// of other rows do not stop a put: while a fleet boots, every hello
+	// drops its own worker's keys, and one shared epoch left no key or
+	// token read of the whole fleet cached.
+	epoch   uint64
+	floor   uint64
+	dropped map[string]uint64
 	// tokens by hash of their secret, tokenHash from id to hash.
 	tokens    map[string]store.Token
 	tokenHash map[string]string
@@ -65,13 +72,26 @@ func (c *caches) mark() uint64 {
 }
 
 // fresh reports, with c.mu held, whether a row read at epoch may be
-// cached.
-func (c *caches) fresh(epoch uint64) bool { return c.live.Load() && c.epoch == epoch }
+// cached: nothing dropped it, or everything, since.
+func (c *caches) fresh(epoch uint64, key string) bool {
+	return c.live.Load() && epoch >= c.floor && c.dropped[key] <= epoch
+}
+
+// drop records, with c.mu held, a drop of the row under key.
+func (c *caches) drop(key string) {
+	c.epoch++
+	if len(c.dropped) >= maxCached {
+		c.dropped, c.floor = map[string]uint64{}, c.epoch
+	}
+	c.dropped[key] = c.epoch
+}
 
 func (c *caches) clear() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.epoch++
+	c.floor = c.epoch
+	c.dropped = map[string]uint64{}
 	c.tokens = map[string]store.Token{}
 	c.tokenHash = map[string]string{}
 	c.keys = map[string]store.Key{}
@@ -105,7 +125,7 @@ func (c *caches) putToken(t store.Token, epoch uint64) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.fresh(epoch) {
+	if !c.fresh(epoch, tokenAnnouncement(t.ID)) {
 		return
 	}
 	if len(c.tokens) >= maxCached {
@@ -118,7 +138,7 @@ func (c *caches) putToken(t store.Token, epoch uint64) {
 func (c *caches) dropToken(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.epoch++
+	c.drop(tokenAnnouncement(id))
 	if h, ok := c.tokenHash[id]; ok {
 		delete(c.tokens, h)
 		delete(c.tokenHash, id)
@@ -138,7 +158,7 @@ func (c *caches) key(id string) (store.Key, bool) {
 func (c *caches) putKey(k store.Key, epoch uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.fresh(epoch) {
+	if !c.fresh(epoch, keysAnnouncement(k.WorkerID)) {
 		return
 	}
 	if len(c.keys) >= maxCached {
@@ -164,7 +184,7 @@ func (c *caches) workerHasKey(workerID string) (has, known bool) {
 func (c *caches) putWorkerHasKey(workerID string, has bool, epoch uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.fresh(epoch) {
+	if !c.fresh(epoch, keysAnnouncement(workerID)) {
 		return
 	}
 	if len(c.hasKey) >= maxCached {
@@ -177,7 +197,7 @@ func (c *caches) putWorkerHasKey(workerID string, has bool, epoch uint64) {
 func (c *caches) dropWorkerKeys(workerID string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.epoch++
+	c.drop(keysAnnouncement(workerID))
 	for _, id := range c.workerKeys[workerID] {
 		delete(c.keys, id)
 	}
@@ -198,7 +218,7 @@ func (c *caches) targetVersion(ns string) (*string, bool) {
 func (c *caches) putTargetVersion(ns string, v *string, epoch uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.fresh(epoch) {
+	if !c.fresh(epoch, targetAnnouncement(ns)) {
 		return
 	}
 	if len(c.target) >= maxCached {
@@ -210,7 +230,7 @@ func (c *caches) putTargetVersion(ns string, v *string, epoch uint64) {
 func (c *caches) dropTargetVersion(ns string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.epoch++
+	c.drop(targetAnnouncement(ns))
 	delete(c.target, ns)
 }
 

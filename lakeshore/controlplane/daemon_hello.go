@@ -58,8 +58,10 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		})
 		return
 	}
+	newID := newWorkerID(now)
+	welcome, keysEpoch := s.presence.expect(newID, now), s.caches.mark()
 	wk, created, keyID, rej, err := s.storeHello(r.Context(), store.Hello{
-		NewID:     newWorkerID(now),
+		NewID:     newID,
 		Namespace: p.namespace,
 		MachineID: req.MachineID,
 		Label:     req.Label,
@@ -83,6 +85,9 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		Adopt: boundTokenID(p),
 		Fleet: p.fleet,
 	})
+	if err != nil || rej != nil || !created || wk.ID != newID {
+		s.presence.drop(newID)
+	}
 	if err != nil {
 		s.log.Error().Err(err).Str("machine_id", req.MachineID).Msg("hello: store")
 		writeDaemonError(w, err)
@@ -94,7 +99,19 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 	}
 	// Its state, incarnation, queues or key may have changed; its token
 	// may be bound now, or to it instead of a worker that was removed.
-	s.changed(wk.ID)
+	if created && wk.ID == newID {
+		// Nothing here could know a worker made just now: rather than
+		// forget it (changed), remember it. Its memo and whether it has a
+		// key are what its first poll would read; a fleet booting
+		// together sends every first poll at once.
+		s.wake.publishOnly(workerKey(wk.ID))
+		s.presence.welcome(wk, welcome, now)
+		if has, known := createdKeyed(r, keyID); known {
+			s.caches.putWorkerHasKey(wk.ID, has, keysEpoch)
+		}
+	} else {
+		s.changed(wk.ID)
+	}
 	if id := boundTokenID(p); id != "" {
 		s.announce(tokenAnnouncement(id))
 	}
@@ -119,6 +136,20 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		KeyRotationMaxAgeS: s.keyRotationMaxAgeS(),
 		HibernateWake:      true,
 	})
+}
+
+// createdKeyed says whether a worker its hello created has a key: the
+// key it enrolled (keyID), none for a hello without an identity; unknown
+// otherwise.
+func createdKeyed(r *http.Request, keyID *string) (has, known bool) {
+	hi, _ := r.Context().Value(helloIdentityCtx{}).(*helloIdentity)
+	switch {
+	case keyID != nil:
+		return true, true
+	case hi == nil:
+		return false, true
+	}
+	return false, false
 }
 
 // decodeHello checks and decodes a hello body, and renders its versions

@@ -264,6 +264,39 @@ func (p *presence) settle(w store.Worker, gen uint64, after int64, running int, 
 	}
 }
 
+// expect makes the entry of a worker that a hello is about to create and
+// returns its generation, for welcome. A hello that finds its worker
+// already there drops the entry again (forget).
+func (p *presence) expect(id string, now time.Time) uint64 {
+	return p.generation(id, now)
+}
+
+// welcome leaves a memo of w, a worker its hello created just now, so its
+// first poll is as quiet as any other: the row the hello read is all that
+// poll's RecordPoll would read, and it would write nothing a new row does
+// not hold already (state active, poll queue "", nothing running). When a
+// fleet boots together this takes one write transaction per daemon off
+// the store at the moment every daemon's first poll arrives. Anything
+// that touched the worker since expect (a command queued, a claimable
+// invocation, an edit, a removal) moved or dropped the entry: then no memo
+// is left, and the first poll goes the full way. The claim stays due:
+// an invocation may be waiting for a worker like this one.
+func (p *presence) welcome(w store.Worker, gen uint64, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.m[w.ID]
+	if e == nil || e.gen != gen {
+		return
+	}
+	e.valid, e.take = true, false
+	e.lastUsed = now
+	e.m = memo{
+		namespace: w.Namespace, state: w.State, setupPending: w.SetupPending, hibernatingUntil: w.HibernatingUntil,
+		pollQueue: w.PollQueue, deliveredSeq: w.DeliveredSeq, ackedSeq: w.AckedSeq, lastSeq: w.LastSeq,
+		clearAbove: w.LastSeq,
+	}
+}
+
 // nothingDue notes that a poll answered from the memo looked (claimed,
 // took after after) and found nothing, unless the generation moved past
 // gen meanwhile.

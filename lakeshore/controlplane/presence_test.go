@@ -5,8 +5,10 @@ import (
 	"net/http"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -480,5 +482,157 @@ func TestAckOfASetupSettlesTheWorker(t *testing.T) {
 	e.poll(id, p.Cursor, 0, "") // acknowledges it
 	if w := e.worker(id); w.State != operatorapi.StateActive || w.SetupPending != 0 {
 		t.Fatalf("worker is %s (%d setups pending) once its setup is acknowledged, want active", w.State, w.SetupPending)
+	}
+}
+
+// TestAFirstPollAfterHelloIsAnsweredFromMemory: the hello that made a
+// worker leaves its memo, and whether it has a key, so that worker's
+// first poll neither records it nor reads its key; it only looks for an
+// invocation to claim (one may wait for any worker). A command queued
+// between the hello and that poll is handed over by it all the same. A
+// worker that said hello before gets no memo from its hello: its first
+// poll records it, as ever.
+func TestAFirstPollAfterHelloIsAnsweredFromMemory(t *testing.T) {
+	cs := openCounting(t)
+	e := newEnv(t, func(c *Config) { c.Store = cs })
+	tok := e.mintToken(operatorapi.TokenRequest{Fleet: true}).Token
+	poll := func(id, cur string) (messages.PollResponse, string) {
+		t.Helper()
+		cs.take()
+		r := e.daemonAs(tok, "/v1/daemon/poll", &messages.PollRequest{WorkerID: id, Cursor: &cur})
+		if r.status != http.StatusOK {
+			t.Fatalf("poll: %d %q", r.status, r.body)
+		}
+		return decodeMP[messages.PollResponse](t, r), cs.take()
+	}
+
+	// A first worker's poll caches what a namespace's polls share (its
+	// target version).
+	hr := e.helloWith(tok, "m0", "fresh", "inc-1")
+	poll(*hr.WorkerID, *hr.Cursor)
+
+	hr = e.helloWith(tok, "m1", "fresh", "inc-1")
+	id, cur := *hr.WorkerID, *hr.Cursor
+	if p, calls := poll(id, cur); len(p.Commands) != 0 || calls != "ClaimInvocations×I" {
+		t.Fatalf("first poll of a new worker answered %v and called %q: want nothing and the claim alone", commandsOf(p), calls)
+	}
+	if _, calls := poll(id, cur); calls != "" {
+		t.Fatalf("second poll of a new worker called %q", calls)
+	}
+	if w := e.worker(id); w.State != operatorapi.StateActive {
+		t.Fatalf("new worker reads %s, want active", w.State)
+	}
+
+	hr = e.helloWith(tok, "m2", "fresh", "inc-1")
+	id2, cur2 := *hr.WorkerID, *hr.Cursor
+	e.exec(id2, operatorapi.ExecRequest{Command: "true"})
+	if p, calls := poll(id2, cur2); len(p.Commands) != 1 || p.Commands[0].Kind != messages.KindExec || !strings.Contains(calls, "Take") {
+		t.Fatalf("first poll after an exec was queued for a new worker answered %v, calling %q: want the exec, taken", commandsOf(p), calls)
+	}
+
+	hr = e.helloWith(tok, "m1", "fresh", "inc-2")
+	if *hr.WorkerID != id {
+		t.Fatalf("second hello of m1 made worker %s, want %s", *hr.WorkerID, id)
+	}
+	if _, calls := poll(id, *hr.Cursor); !strings.Contains(calls, "RecordPoll") {
+		t.Fatalf("first poll after a second hello called %q: want it recorded", calls)
+	}
+}
+
+// TestWelcomeLeavesNoMemoOnceTheWorkerWasTouched: whatever reaches a
+// worker between the hello's expect and its welcome (a command queued, an
+// invocation made claimable, a change, a removal) leaves no memo: its
+// first poll goes the full way.
+func TestWelcomeLeavesNoMemoOnceTheWorkerWasTouched(t *testing.T) {
+	var live atomic.Bool
+	live.Store(true)
+	now := time.Unix(1_700_000_000, 0)
+	w := store.Worker{ID: "w", Namespace: "default", State: operatorapi.StateActive}
+	cur := int64(0)
+	p := newPresence(&live)
+	p.welcome(w, p.expect("w", now), now)
+	if _, _, kind := p.look("w", "", &cur, false, false, now); kind != pollQuiet {
+		t.Fatalf("a welcomed worker's first poll is %v, want quiet", kind)
+	}
+	if claim, take := p.due("w", 0); !claim || take {
+		t.Fatalf("a welcomed worker is due claim %v take %v, want the claim alone", claim, take)
+	}
+	for name, touch := range map[string]func(*presence){
+		"queued":     func(p *presence) { p.queued("w") },
+		"claimable":  func(p *presence) { p.claimable("w") },
+		"invalidate": func(p *presence) { p.invalidate("w") },
+		"drop":       func(p *presence) { p.drop("w") },
+	} {
+		p := newPresence(&live)
+		gen := p.expect("w", now)
+		touch(p)
+		p.welcome(w, gen, now)
+		if _, _, kind := p.look("w", "", &cur, false, false, now); kind != pollFull {
+			t.Errorf("%s between expect and welcome: first poll is %v, want full", name, kind)
+		}
+	}
+}
+
+// TestACacheDropSparesTheOtherRows: a row read while another row was
+// dropped is cached; one read while it was itself dropped, or everything
+// was, is not.
+func TestACacheDropSparesTheOtherRows(t *testing.T) {
+	c := newCaches(true)
+	tok := store.Token{ID: "t1", Hash: "h1", Kind: store.TokenDaemon, WorkerID: "w"}
+
+	e := c.mark()
+	c.dropWorkerKeys("other")
+	c.dropToken("t2")
+	c.dropTargetVersion("elsewhere")
+	c.putWorkerHasKey("w", true, e)
+	c.putToken(tok, e)
+	v := "1.2.3"
+	c.putTargetVersion("default", &v, e)
+	if has, known := c.workerHasKey("w"); !known || !has {
+		t.Fatalf("has-key read across another worker's drop: known %v has %v, want cached", known, has)
+	}
+	if _, ok := c.token("h1"); !ok {
+		t.Fatal("token read across another token's drop was not cached")
+	}
+	if got, ok := c.targetVersion("default"); !ok || got == nil || *got != v {
+		t.Fatalf("target version read across another namespace's drop: %v %v", got, ok)
+	}
+
+	e = c.mark()
+	c.dropWorkerKeys("w")
+	c.dropToken("t1")
+	c.dropTargetVersion("default")
+	c.putWorkerHasKey("w", false, e)
+	c.putToken(tok, e)
+	c.putTargetVersion("default", nil, e)
+	if _, known := c.workerHasKey("w"); known {
+		t.Fatal("has-key read across its own drop was cached")
+	}
+	if _, ok := c.token("h1"); ok {
+		t.Fatal("token read across its own drop was cached")
+	}
+	if _, ok := c.targetVersion("default"); ok {
+		t.Fatal("target version read across its own drop was cached")
+	}
+
+	e = c.mark()
+	c.clear()
+	c.putWorkerHasKey("w", true, e)
+	if _, known := c.workerHasKey("w"); known {
+		t.Fatal("has-key read across a clear was cached")
+	}
+
+	// The record of drops is bounded: once full it starts again, and
+	// every read begun before that is refused.
+	e = c.mark()
+	for i := 0; i <= maxCached; i++ {
+		c.dropWorkerKeys(strconv.Itoa(i))
+	}
+	c.putWorkerHasKey("w", true, e)
+	if _, known := c.workerHasKey("w"); known {
+		t.Fatal("has-key read across the drops record's reset was cached")
+	}
+	if n := len(c.dropped); n > maxCached {
+		t.Fatalf("drops record holds %d, more than %d", n, maxCached)
 	}
 }
