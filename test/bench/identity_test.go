@@ -170,8 +170,15 @@ func identityRows(t *testing.T, rep *report, cp *harness.ControlPlane, bearerOnl
 	plainExec, signedExec := median(plainDs), median(signedDs)
 	rep.add("identity: exec round trip, signing daemon", ms(signedExec), "bearer-only "+ms(plainExec),
 		float64(signedExec)/float64(plainExec), "<= 1.1 x bearer-only", boolp(float64(signedExec) <= 1.1*float64(plainExec)))
+	// The bound is the row above's, per request: a signing daemon's exec
+	// takes three signed requests (the poll that carries the command, the
+	// result post, the poll that acknowledges it) and may add at most a
+	// tenth to the round trip, so one Sign + Verify may cost at most a
+	// third of that, 0.03 of it. (It was 0.01, below what one Ed25519
+	// verification alone costs on these cores: 45-110 µs against a
+	// 2.5-6 ms round trip.)
 	rep.add("identity: Sign + Verify of one request", us(signVerify), "bearer-only exec "+ms(plainExec),
-		float64(signVerify)/float64(plainExec), "<= 0.01 x exec round trip", boolp(float64(signVerify) <= 0.01*float64(plainExec)))
+		float64(signVerify)/float64(plainExec), "<= 0.03 x exec round trip", boolp(float64(signVerify) <= 0.03*float64(plainExec)))
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond)) }
