@@ -56,6 +56,10 @@ var serverOnly = []string{
 	"github.com/prometheus/",
 }
 
+// clipboard is what bubbles' line editor pulls in; the daemon picker has
+// a filter line of its own instead.
+const clipboard = "github.com/atotto/clipboard"
+
 func TestTheCLILinksNoServerPackage(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").Output()
 	if err != nil {
@@ -66,6 +70,9 @@ func TestTheCLILinksNoServerPackage(t *testing.T) {
 		t.Fatalf("go list -deps names no nymph/lakeshore/cli: %v", deps)
 	}
 	for _, dep := range deps {
+		if dep == clipboard {
+			t.Errorf("cmd/lakeshore links %s, whose init looks for a clipboard program in every $PATH directory at every start of lakeshore", dep)
+		}
 		for _, p := range serverOnly {
 			if dep == p || strings.HasPrefix(dep, strings.TrimSuffix(p, "/")+"/") && dep != "nymph/lakeshore/providers/providerspec" {
 				t.Errorf("cmd/lakeshore links %s, which only lakeshore-server may (see lakeshore/servecli); `go mod why -m` or `go list -deps` shows the path", dep)

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode"
 
-	"github.com/charmbracelet/bubbles/textinput"
 	tea "github.com/charmbracelet/bubbletea"
 	"github.com/charmbracelet/x/ansi"
 
@@ -42,16 +42,12 @@ type pickModel struct {
 	height int   // rows shown at once
 	width  int   // terminal columns; 0 when unknown
 
-	input   textinput.Model
+	filter  []rune // what was typed
 	outcome pickOutcome
 }
 
 func newPickModel(ws []operatorapi.Worker) *pickModel {
-	ti := textinput.New()
-	ti.Prompt = "filter> "
-	ti.Placeholder = "type to narrow the list"
-	ti.Focus()
-	m := &pickModel{ws: ws, input: ti, height: pickerRows}
+	m := &pickModel{ws: ws, height: pickerRows}
 	labelW, idW := 0, 0
 	for _, w := range ws {
 		labelW = max(labelW, len(orDash(w.Label)))
@@ -69,7 +65,7 @@ func newPickModel(ws []operatorapi.Worker) *pickModel {
 	return m
 }
 
-func (m *pickModel) Init() tea.Cmd { return textinput.Blink }
+func (m *pickModel) Init() tea.Cmd { return nil }
 
 // refilter recomputes the matches, keeping the highlighted daemon when it
 // still matches.
@@ -78,7 +74,7 @@ func (m *pickModel) refilter() {
 	if m.cursor < len(m.match) {
 		keep = m.match[m.cursor]
 	}
-	terms := strings.Fields(strings.ToLower(m.input.Value()))
+	terms := strings.Fields(strings.ToLower(string(m.filter)))
 	m.match = m.match[:0]
 	m.cursor = 0
 	for i, h := range m.hay {
@@ -124,7 +120,6 @@ func (m *pickModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		// Four lines of header and footer; never fewer than three rows.
 		m.height = max(3, min(pickerRows, msg.Height-4))
 		m.width = msg.Width
-		m.input.Width = max(0, msg.Width-len(m.input.Prompt)-1)
 		m.scroll()
 		return m, nil
 	case tea.KeyMsg:
@@ -157,13 +152,41 @@ func (m *pickModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 			return m, nil
 		}
 	}
-	before := m.input.Value()
-	var cmd tea.Cmd
-	m.input, cmd = m.input.Update(msg)
-	if m.input.Value() != before {
+	if msg, ok := msg.(tea.KeyMsg); ok && m.edit(msg) {
 		m.refilter()
 	}
-	return m, cmd
+	return m, nil
+}
+
+// edit applies a key to the filter line: typed or pasted text is added,
+// Backspace takes a character back, Ctrl-W a word, Ctrl-U the line. It
+// reports whether the filter changed. (The filter is a line of words,
+// so it needs no cursor of its own, and no line-editor library: the one
+// bubbles has looks for a clipboard program on $PATH as it loads, which
+// every run of lakeshore, picker or none, paid for.)
+func (m *pickModel) edit(k tea.KeyMsg) bool {
+	n := len(m.filter)
+	switch k.Type {
+	case tea.KeyRunes:
+		for _, r := range k.Runes {
+			if unicode.IsPrint(r) {
+				m.filter = append(m.filter, r)
+			}
+		}
+	case tea.KeySpace:
+		m.filter = append(m.filter, ' ')
+	case tea.KeyBackspace, tea.KeyCtrlH:
+		if n > 0 {
+			m.filter = m.filter[:n-1]
+		}
+	case tea.KeyCtrlW:
+		s := strings.TrimRightFunc(string(m.filter), unicode.IsSpace)
+		i := strings.LastIndexFunc(s, unicode.IsSpace)
+		m.filter = []rune(s[:i+1])
+	case tea.KeyCtrlU:
+		m.filter = m.filter[:0]
+	}
+	return len(m.filter) != n
 }
 
 func (m *pickModel) View() string {
@@ -176,9 +199,15 @@ func (m *pickModel) View() string {
 	}
 	var b strings.Builder
 	b.WriteString(m.fit("Pick a daemon: type to filter, ↑/↓ to move, Enter to run, Esc or Ctrl-C to cancel") + "\n")
-	b.WriteString(m.input.View() + "\n")
+	// The line and its cursor, a reverse-video cell; faint help until
+	// something is typed.
+	line := "filter> " + string(m.filter) + "\x1b[7m \x1b[27m"
+	if len(m.filter) == 0 {
+		line += "\x1b[2mtype to narrow the list\x1b[22m"
+	}
+	b.WriteString(m.fit(line) + "\n")
 	if len(m.match) == 0 {
-		b.WriteString(m.fit(fmt.Sprintf("  no daemon matches %q", m.input.Value())) + "\n")
+		b.WriteString(m.fit(fmt.Sprintf("  no daemon matches %q", string(m.filter))) + "\n")
 	}
 	end := min(m.top+m.height, len(m.match))
 	for i := m.top; i < end; i++ {
