@@ -69,7 +69,7 @@ bench:
 # then 1,000/s, for N = 1,000, 10,000 and 15,000, then two replicas on one
 # PostgreSQL. It prints dispatch and round-trip p50/p99, the finished rate,
 # errors, CPU and RSS, as ratios against N = 1,000, beside the targets.
-# About 5 minutes. Knobs, all optional: SCALE_NS (fleet sizes,
+# About 2.5 minutes. Knobs, all optional: SCALE_NS (fleet sizes,
 # "1000,10000,15000"; 0 for none), SCALE_SECONDS (the 100/s phase, 20; the 1,000/s one
 # is half), SCALE_REPLICAS (daemons of the two-replica run, 10000; 0 skips
 # it). A quick look: make bench-scale SCALE_NS=1000 SCALE_REPLICAS=0.

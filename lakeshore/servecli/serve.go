@@ -161,9 +161,12 @@ An idle daemon costs the control plane no disk: a poll that changes nothing
 is answered from memory (its last seen is written every 2 s, with everyone
 else's), and tokens, keys and target versions are cached, dropped at once
 when changed here and, on replicas, as soon as the change's notification
-arrives. Memory grows with the daemons connected (tens of KB each); the Go
-runtime's $GOMEMLIMIT (e.g. GOMEMLIMIT=350MiB) makes the collector work
-harder near that limit instead of growing past it.
+arrives. Memory grows with the daemons connected (tens of KB each), and
+more while they all say hello at once (10,000 daemons booting together:
+about 200 MB once they poll, 500-650 MB at the peak); the Go runtime's
+$GOMEMLIMIT (e.g. GOMEMLIMIT=350MiB) makes the collector work harder near
+that limit instead of growing past it (that boot then peaks under 400 MB
+and takes twice as long to register).
 Prometheus metrics (README.md, "Metrics", lists them) are served at
 GET /metrics, the operator's choice: on this listener to the bearer
 --metrics-token ($LAKESHORE_METRICS_TOKEN) or the admin token, and/or
