@@ -85,7 +85,9 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 		Adopt: boundTokenID(p),
 		Fleet: p.fleet,
 	})
-	if err != nil || rej != nil || !created || wk.ID != newID {
+	// made: this hello created the worker it expected.
+	made := err == nil && rej == nil && created && wk.ID == newID
+	if !made {
 		s.presence.drop(newID)
 	}
 	if err != nil {
@@ -99,7 +101,7 @@ func (s *Server) handleHello(w http.ResponseWriter, r *http.Request, p daemonPri
 	}
 	// Its state, incarnation, queues or key may have changed; its token
 	// may be bound now, or to it instead of a worker that was removed.
-	if created && wk.ID == newID {
+	if made {
 		// Nothing here could know a worker made just now: rather than
 		// forget it (changed), remember it. Its memo and whether it has a
 		// key are what its first poll would read; a fleet booting

@@ -265,8 +265,8 @@ func (p *presence) settle(w store.Worker, gen uint64, after int64, running int, 
 }
 
 // expect makes the entry of a worker that a hello is about to create and
-// returns its generation, for welcome. A hello that finds its worker
-// already there drops the entry again (forget).
+// returns its generation, for welcome. A hello that creates no worker
+// under that id drops the entry again.
 func (p *presence) expect(id string, now time.Time) uint64 {
 	return p.generation(id, now)
 }
@@ -288,8 +288,8 @@ func (p *presence) welcome(w store.Worker, gen uint64, now time.Time) {
 	if e == nil || e.gen != gen {
 		return
 	}
-	e.valid, e.take = true, false
-	e.lastUsed = now
+	// An unmoved generation says nothing was queued: take is unset.
+	e.valid, e.lastUsed = true, now
 	e.m = memo{
 		namespace: w.Namespace, state: w.State, setupPending: w.SetupPending, hibernatingUntil: w.HibernatingUntil,
 		pollQueue: w.PollQueue, deliveredSeq: w.DeliveredSeq, ackedSeq: w.AckedSeq, lastSeq: w.LastSeq,
